@@ -1,0 +1,60 @@
+"""Shared fixtures: the shipped corpus prepared once per test process, and trainer subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from trainer import data
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("corpus")
+    data.prepare_corpus(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trainer_env() -> dict[str, str]:
+    """One thread per trainer process, so two pytest workers each running a trainer do not
+    oversubscribe two cores; no torchrun variables leak in."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="session")
+def launch(trainer_env: dict[str, str]) -> Callable[..., subprocess.Popen[str]]:
+    """Starts ``python -m trainer ARGS`` (the ``trn-train`` CLI) without waiting."""
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainer", *args],
+            env=trainer_env,
+            text=True,
+            stderr=subprocess.PIPE,
+        )
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def run_trainer(trainer_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs ``python -m trainer ARGS`` to completion (two minutes at most)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trainer", *args],
+            env=trainer_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    return run

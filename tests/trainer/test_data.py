@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from trainer import data
+
+
+@pytest.fixture()
+def numbered(tmp_path: Path) -> Path:
+    """Two shards of consecutive integers, so a window's content shows where it came from."""
+    data.write_dataset(
+        tmp_path,
+        [np.arange(3000, dtype=np.int64)],
+        vocab_size=70_000,
+        tokenizer="test",
+        shard_tokens=2000,
+    )
+    return tmp_path
+
+
+def test_manifest_and_uint32_for_large_vocabularies(numbered: Path) -> None:
+    ds = data.open_dataset(numbered)
+    assert ds.names == ("shard_00000.bin", "shard_00001.bin")
+    assert ds.num_tokens == 3000
+    assert ds.shards[0].dtype == np.dtype("<u4")
+
+
+def test_windows_are_contiguous_and_never_cross_shards(numbered: Path) -> None:
+    sampler = data.WindowSampler(data.open_dataset(numbered), seq_len=64, micro_batch=16, seed=1)
+    for step in range(20):
+        x, y = sampler.batch(step)
+        assert x.shape == y.shape == (16, 64) and x.dtype == torch.int64
+        assert torch.equal(y, x + 1)  # targets are the next tokens
+        first, last = x[:, 0], y[:, -1]
+        assert bool(((first < 2000) == (last < 2000)).all())
+
+
+def test_sampling_is_a_pure_function_of_seed_and_step(numbered: Path) -> None:
+    ds = data.open_dataset(numbered)
+    a = data.WindowSampler(ds, seq_len=32, micro_batch=4, seed=7)
+    b = data.WindowSampler(ds, seq_len=32, micro_batch=4, seed=7)
+    assert torch.equal(a.batch(5)[0], b.batch(5)[0])
+    assert not torch.equal(a.batch(5)[0], a.batch(6)[0])
+    assert not torch.equal(a.batch(5, 0)[0], a.batch(5, 1)[0])
+
+
+def test_ranks_split_the_same_global_batch(numbered: Path) -> None:
+    ds = data.open_dataset(numbered)
+    whole = data.WindowSampler(ds, seq_len=32, micro_batch=8, seed=3).batch(2)[0]
+    parts = [
+        data.WindowSampler(ds, seq_len=32, micro_batch=4, seed=3, rank=r, world_size=2).batch(2)[0]
+        for r in (0, 1)
+    ]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_corrupt_shard_is_named(numbered: Path) -> None:
+    shard = numbered / "shard_00001.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(data.ShardError, match=r"shard_00001\.bin: checksum mismatch") as info:
+        data.open_dataset(numbered)
+    assert info.value.shard.endswith("shard_00001.bin")
+
+
+def test_bad_header_and_truncation_are_named(numbered: Path) -> None:
+    shard = numbered / "shard_00000.bin"
+    raw = shard.read_bytes()
+    shard.write_bytes(b"NOTASHRD" + raw[8:])
+    with pytest.raises(data.ShardError, match=r"shard_00000\.bin: bad header"):
+        data.open_dataset(numbered)
+    shard.write_bytes(raw[:-10])
+    with pytest.raises(data.ShardError, match=r"shard_00000\.bin: holds"):
+        data.open_dataset(numbered)
+
+
+def test_corpus_is_byte_tokenized(corpus_dir: Path) -> None:
+    ds = data.open_dataset(corpus_dir)
+    assert ds.tokenizer == data.BYTE_TOKENIZER and ds.vocab_size == 256
+    text = bytes(np.asarray(ds.shards[0][:6], dtype=np.uint8)).decode()
+    assert text == "Tale 1"
+
+
+def test_token_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="token id 70000 does not fit uint16"):
+        data.write_shard(tmp_path / "s.bin", np.array([70_000]), np.dtype("<u2"))

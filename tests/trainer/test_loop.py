@@ -1,0 +1,188 @@
+"""The loop end to end on the tiny preset: loss, resume after kill -9, SIGTERM, compiled graphs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from trainer import metrics
+from trainer.config import TrainConfig
+from trainer.loop import train
+
+RUN = (
+    "run",
+    "--preset",
+    "tiny",
+    "--device",
+    "cpu",
+    "--compile",
+    "none",
+    "--log-every",
+    "1",
+    "--seed",
+    "3",
+)
+
+
+def test_loss_falls(corpus_dir: Path, tmp_path: Path) -> None:
+    cfg = TrainConfig(
+        preset="tiny",
+        device="cpu",
+        compile="none",
+        data=str(corpus_dir),
+        max_steps=40,
+        log_every=5,
+        metrics=str(tmp_path / "m.jsonl"),
+        peak_flops=1e11,
+    )
+    result = train(cfg)
+    records = metrics.read(tmp_path / "m.jsonl")
+    assert [r["step"] for r in records] == list(range(5, 45, 5))
+    assert records[-1]["loss"] < 0.7 * records[0]["loss"]
+    assert result.last_loss == records[-1]["loss"] and not result.preempted
+    for key in ("loss", "lr", "tokens_per_s", "mfu", "step_time_s", "grad_norm"):
+        assert records[-1][key] > 0
+
+
+def _wait_for_step(metrics_file: Path, proc: subprocess.Popen[str], step: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if metrics_file.exists():
+            lines = metrics_file.read_text().splitlines()
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        assert proc.poll() is None, "the trainer ended before it could be signalled"
+        time.sleep(0.01)
+    raise AssertionError(f"step {step} never logged")
+
+
+def _final_state(checkpoint_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    state = torch.load(checkpoint_dir / f"step_{step:08d}" / "state.pt", weights_only=True)
+    assert state["step"] == step
+    return state["model"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    corpus_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    run_trainer: Callable[..., subprocess.CompletedProcess[str]],
+) -> Path:
+    out = tmp_path_factory.mktemp("reference")
+    done = run_trainer(
+        *RUN,
+        "--data",
+        str(corpus_dir),
+        "--max-steps",
+        "80",
+        "--checkpoint-every",
+        "5",
+        "--checkpoint-dir",
+        str(out / "ck"),
+        "--metrics",
+        str(out / "m.jsonl"),
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_kill_9_then_resume_is_bit_identical(
+    corpus_dir: Path,
+    tmp_path: Path,
+    uninterrupted: Path,
+    launch: Callable[..., subprocess.Popen[str]],
+    run_trainer: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    args = [
+        *RUN,
+        "--data",
+        str(corpus_dir),
+        "--max-steps",
+        "80",
+        "--checkpoint-every",
+        "5",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--metrics",
+        str(tmp_path / "m.jsonl"),
+    ]
+    proc = launch(*args)
+    _wait_for_step(tmp_path / "m.jsonl", proc, 12)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert max(metrics.read(tmp_path / "m.jsonl"), key=lambda r: r["step"])["step"] < 80
+
+    resumed = run_trainer(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    expected = {r["step"]: r["loss"] for r in metrics.read(uninterrupted / "m.jsonl")}
+    got = {r["step"]: r["loss"] for r in metrics.read(tmp_path / "m.jsonl")}
+    assert got == expected  # every step's loss, bit for bit (JSON floats round-trip exactly)
+    final, reference = _final_state(tmp_path / "ck", 80), _final_state(uninterrupted / "ck", 80)
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_0(
+    corpus_dir: Path, tmp_path: Path, launch: Callable[..., subprocess.Popen[str]]
+) -> None:
+    args = [
+        *RUN,
+        "--data",
+        str(corpus_dir),
+        "--max-steps",
+        "100000",
+        "--checkpoint-every",
+        "1000",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--metrics",
+        str(tmp_path / "m.jsonl"),
+    ]
+    proc = launch(*args)
+    _wait_for_step(tmp_path / "m.jsonl", proc, 3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stderr.strip().splitlines()[-1])
+    assert summary["preempted"] is True
+    step = summary["steps_done"]
+    assert 3 <= step < 1000
+    assert summary["checkpoint"] == f"step_{step:08d}"
+    assert (tmp_path / "ck" / f"step_{step:08d}" / "meta.json").is_file()
+
+
+def test_compiled_path_one_graph_no_breaks_no_recompiles(corpus_dir: Path, tmp_path: Path) -> None:
+    """aot_eager runs the same Dynamo front end as the Neuron backend. fail_on_recompile turns any
+    recompile after the first step into an error; the checkpoint saves in between must not
+    disturb the guards either."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = TrainConfig(
+        preset="tiny",
+        device="cpu",
+        compile="aot_eager",
+        data=str(corpus_dir),
+        max_steps=6,
+        log_every=2,
+        grad_accum=2,
+        fail_on_recompile=True,
+        peak_flops=1e11,
+        checkpoint_dir=str(tmp_path / "ck"),
+        checkpoint_every=3,
+    )
+    try:
+        result = train(cfg)
+        assert result.steps_done == 6
+        assert counters["stats"]["unique_graphs"] == 1  # one graph over 12 forward passes
+        assert counters["aot_autograd"]["total"] == 1  # one forward+backward compile
+        assert not counters["graph_break"]
+    finally:
+        torch._dynamo.reset()

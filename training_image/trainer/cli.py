@@ -1,0 +1,95 @@
+"""``trn-train``: prepare-data, run and report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainer.config import PRESETS, TrainConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trn-train", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    prep = sub.add_parser("prepare-data", help="tokenize the shipped corpus (bytes) into shards")
+    prep.add_argument("--out", required=True, help="directory for the shards and manifest.json")
+    prep.add_argument("--corpus", help="directory of .txt files (default: the shipped corpus)")
+    prep.add_argument("--shard-tokens", type=int, default=1 << 16)
+
+    d = TrainConfig()
+    run = sub.add_parser("run", help="train, resuming from the newest valid checkpoint")
+    run.add_argument("--preset", choices=list(PRESETS), default=d.preset)
+    run.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default=d.device)
+    run.add_argument(
+        "--compile",
+        default=d.compile,
+        help="torch.compile backend; 'auto' = the device's own, 'none' = eager",
+    )
+    run.add_argument("--data", required=True)
+    run.add_argument("--max-steps", type=int, default=d.max_steps)
+    run.add_argument("--micro-batch", type=int, default=d.micro_batch, help="per rank; 0 = preset")
+    run.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    run.add_argument("--lr", type=float, default=d.lr, help="peak; 0 = preset")
+    run.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help="-1 = 10%% of max steps, at most 100",
+    )
+    run.add_argument("--checkpoint-dir", default=d.checkpoint_dir, help="path or s3:// URI")
+    run.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    run.add_argument("--metrics", default=d.metrics, help="JSON-lines file (appended)")
+    run.add_argument("--log-every", type=int, default=d.log_every)
+    run.add_argument("--seed", type=int, default=d.seed)
+    run.add_argument("--instance-type", default=d.instance_type, help="for the Neuron MFU peak")
+    run.add_argument(
+        "--fail-on-recompile",
+        action="store_true",
+        help="after the first step, a recompile is an error",
+    )
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+    rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
+    rep.add_argument("metrics")
+    rep.add_argument("--out", required=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``trn-train``; returns the exit status (0 also after a SIGTERM checkpoint)."""
+    args = _parser().parse_args(argv)
+    if args.command == "prepare-data":
+        from trainer import data
+
+        corpus = Path(args.corpus) if args.corpus else data.DEFAULT_CORPUS
+        manifest = data.prepare_corpus(Path(args.out), corpus, shard_tokens=args.shard_tokens)
+        tokens = sum(s["tokens"] for s in manifest["shards"])  # type: ignore[attr-defined]
+        print(f"wrote {len(manifest['shards'])} shards, {tokens} tokens, to {args.out}")  # type: ignore[arg-type]
+        return 0
+    if args.command == "report":
+        from trainer import report
+
+        print(report.plot(args.metrics, args.out))
+        return 0
+
+    from trainer.loop import train
+
+    options = {k: v for k, v in vars(args).items() if k != "command"}
+    result = train(TrainConfig(**options))
+    print(
+        json.dumps(
+            {
+                "steps_done": result.steps_done,
+                "loss": result.last_loss,
+                "preempted": result.preempted,
+                "checkpoint": result.checkpoint,
+            }
+        ),
+        file=sys.stderr,
+    )
+    return 0

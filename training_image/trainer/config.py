@@ -1,0 +1,178 @@
+"""Model presets and the one training config dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Parallel = Literal["ddp", "fsdp"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the decoder.
+
+    ``llama_style`` switches learned positions, LayerNorm and a GELU MLP (GPT-2) for RoPE,
+    RMSNorm and SwiGLU (Llama); ``n_kv_head`` below ``n_head`` is grouped-query attention.
+    """
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    seq_len: int
+    vocab_size: int
+    d_ff: int = 0  # 0: 4 * d_model
+    n_kv_head: int = 0  # 0: n_head
+    llama_style: bool = False
+    tie_embeddings: bool = True
+    rope_theta: float = 500_000.0
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} must be divisible by n_head {self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(
+                f"n_head {self.n_head} must be a multiple of n_kv_head {self.kv_heads}"
+            )
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ModelConfig
+    micro_batch: int
+    parallel: Parallel
+    lr: float
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds on a laptop CPU: what the tests train.
+    "tiny": Preset(
+        ModelConfig(n_layer=2, n_head=2, d_model=64, seq_len=64, vocab_size=256), 8, "ddp", 3e-3
+    ),
+    # ~11M parameters (nanoGPT's character model shape): the benchmark model.
+    "small": Preset(
+        ModelConfig(n_layer=6, n_head=6, d_model=384, seq_len=256, vocab_size=256), 8, "ddp", 1e-3
+    ),
+    # GPT-2 small, vocabulary padded to a multiple of 64.
+    "125m": Preset(
+        ModelConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, vocab_size=50304),
+        4,
+        "ddp",
+        6e-4,
+    ),
+    # Llama-3.2-1B's shape (config.json of meta-llama/Llama-3.2-1B): sharded with FSDP2.
+    "1b": Preset(
+        ModelConfig(
+            n_layer=16,
+            n_head=32,
+            n_kv_head=8,
+            d_model=2048,
+            d_ff=8192,
+            seq_len=2048,
+            vocab_size=128256,
+            llama_style=True,
+        ),
+        1,
+        "fsdp",
+        3e-4,
+    ),
+}
+
+
+def preset(name: str) -> Preset:
+    """The preset called ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"preset {name!r} is unknown; known: {', '.join(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs; the CLI fills it from flags.
+
+    Defaults: ``device="auto"`` (neuron, then cuda, then cpu), ``compile="auto"`` (the backend's
+    own choice), micro batch, learning rate and parallelism from the preset when left at 0/None,
+    warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
+    (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints.
+    """
+
+    preset: str = "tiny"
+    data: str = ""
+    max_steps: int = 100
+    device: str = "auto"
+    compile: str = "auto"
+    seed: int = 0
+    micro_batch: int = 0
+    grad_accum: int = 1
+    lr: float = 0.0
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = -1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    parallel: Parallel | None = None
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    metrics: str = ""
+    log_every: int = 10
+    instance_type: str = "trn3.48xlarge"
+    fail_on_recompile: bool = False
+    progress: bool | None = None
+    peak_flops: float = 0.0
+
+    @property
+    def model(self) -> ModelConfig:
+        return preset(self.preset).model
+
+    @property
+    def batch_per_rank(self) -> int:
+        return self.micro_batch or preset(self.preset).micro_batch
+
+    @property
+    def peak_lr(self) -> float:
+        return self.lr or preset(self.preset).lr
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps >= 0 else min(100, self.max_steps // 10)
+
+    @property
+    def parallelism(self) -> Parallel:
+        return self.parallel or preset(self.preset).parallel
+
+    def validate(self) -> None:
+        """Checks the values that the loop cannot recover from.
+
+        Raises:
+            ValueError: naming the field, its value and what is allowed.
+        """
+        preset(self.preset)
+        if not self.data:
+            raise ValueError("data must name a directory made by `trn-train prepare-data`")
+        for name in ("max_steps", "grad_accum", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(
+                f"checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}"
+            )
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every needs checkpoint_dir")

@@ -1,0 +1,183 @@
+"""The training loop: config -> backend -> model -> data -> optimizer -> steps -> metrics.
+
+Reads top to bottom. Device differences live in :mod:`trainer.device`, data parallelism in
+:mod:`trainer.parallel`; the loop only calls them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+
+from trainer import device, optim, parallel
+from trainer.checkpoint import Checkpointer, open_store
+from trainer.config import TrainConfig
+from trainer.data import WindowSampler, open_dataset
+from trainer.metrics import MetricsLog, mfu
+from trainer.model import GPT
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps_done: int
+    last_loss: float | None
+    preempted: bool
+    checkpoint: str | None
+
+
+class StopFlag:
+    """Set by SIGTERM (preemption, node drain, the end of a Capacity Block); the loop checks it at
+    each step boundary, writes a checkpoint and returns, so the process exits 0 in the grace
+    period."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._previous: object = None
+
+    def __enter__(self) -> StopFlag:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.set = True
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
+
+
+def _stream(
+    sampler: WindowSampler, start: int, max_steps: int, accum: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for step in range(start, max_steps):
+        for micro in range(accum):
+            yield sampler.batch(step, micro)
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Trains ``cfg.preset`` until ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
+    checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
+
+    Raises:
+        ValueError: invalid config (see :meth:`TrainConfig.validate`) or unavailable device.
+        trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
+    """
+    cfg.validate()
+    ranks = parallel.ranks_from_env()
+    backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
+    parallel.init(ranks, backend.dist_backend)
+    control = parallel.control_group(ranks)
+
+    dataset = open_dataset(cfg.data)
+    if dataset.vocab_size > cfg.model.vocab_size:
+        raise ValueError(
+            f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds preset "
+            f"{cfg.preset!r} vocabulary {cfg.model.vocab_size}"
+        )
+    sampler = WindowSampler(
+        dataset,
+        seq_len=cfg.model.seq_len,
+        micro_batch=cfg.batch_per_rank,
+        seed=cfg.seed,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+    )
+
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    flops_per_token = model.flops_per_token()
+    model = parallel.wrap(backend.prepare_model(model), ranks, cfg.parallelism, backend.device)
+    forward = backend.compile(model)
+    optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+
+    checkpointer = (
+        Checkpointer(open_store(cfg.checkpoint_dir), cfg.keep_checkpoints)
+        if cfg.checkpoint_dir
+        else None
+    )
+    start = 0
+    if checkpointer is not None:
+        found = checkpointer.newest_valid() if ranks.is_main else None
+        name = parallel.broadcast_object(found[0] if found else None, ranks, control)
+        if name is not None:
+            state = found[1] if found else checkpointer.read_valid(str(name))
+            start = checkpointer.restore(state, model, optimizer)
+
+    peak = cfg.peak_flops or backend.peak_flops(
+        instance_type=cfg.instance_type, local_world_size=ranks.local_world_size
+    )
+    tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
+    log = MetricsLog(
+        cfg.metrics if ranks.is_main else "",
+        total_steps=cfg.max_steps,
+        progress=cfg.progress if ranks.is_main else False,
+    )
+    batches = backend.batches(_stream(sampler, start, cfg.max_steps, cfg.grad_accum))
+
+    loss_sum = torch.zeros((), device=backend.device)
+    logged_steps, last_loss, saved_at, preempted = 0, None, None, False
+    step = start
+    with StopFlag() as stop, contextlib.ExitStack() as guards:
+        interval_start = time.perf_counter()
+        while step < cfg.max_steps:
+            lr = optim.lr_at(
+                step,
+                peak=cfg.peak_lr,
+                warmup=cfg.warmup,
+                total=cfg.max_steps,
+                min_ratio=cfg.min_lr_ratio,
+            )
+            optim.set_lr(optimizer, lr)
+            for micro in range(cfg.grad_accum):
+                x, y = next(batches)
+                with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
+                    loss = forward(x, y) / cfg.grad_accum
+                loss.backward()
+                loss_sum += loss.detach()
+            backend.reduce_gradients(optimizer, ranks.world_size)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            backend.step_boundary()
+            step += 1
+            logged_steps += 1
+            if step == start + 1 and cfg.fail_on_recompile and backend.compile_backend is not None:
+                # Warm-up is over: from here a recompile means a shape or guard changed.
+                guards.enter_context(torch.compiler.set_stance("fail_on_recompile"))
+
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                mean_loss = parallel.all_mean(loss_sum, ranks) / logged_steps
+                last_loss = mean_loss.item()  # the one device-to-host read per interval
+                backend.synchronize()
+                elapsed = time.perf_counter() - interval_start
+                tokens_per_s = tokens_per_step * logged_steps / elapsed
+                log.write(
+                    {
+                        "step": step,
+                        "loss": last_loss,
+                        "lr": lr,
+                        "grad_norm": float(grad_norm),
+                        "tokens_per_s": tokens_per_s,
+                        "mfu": mfu(tokens_per_s / ranks.world_size, flops_per_token, peak),
+                        "step_time_s": elapsed / logged_steps,
+                        "tokens": step * tokens_per_step,
+                    }
+                )
+                loss_sum.zero_()
+                logged_steps = 0
+                interval_start = time.perf_counter()
+
+            preempted = parallel.any_rank(stop.set, ranks, control)
+            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+            if checkpointer is not None and (periodic or preempted or step == cfg.max_steps):
+                saved_at = checkpointer.save(step, model, optimizer, main=ranks.is_main)
+            if preempted:
+                break
+    log.close()
+    parallel.shutdown()
+    return TrainResult(step, last_loss, preempted, saved_at)

@@ -1,0 +1,66 @@
+"""Metrics as JSON lines, and a one-line progress display for interactive runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak; None when the peak is
+    unknown."""
+    if not peak_flops:
+        return None
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+class MetricsLog:
+    """Appends one JSON object per line to ``path`` (none when empty), flushing each line so that
+    a killed run keeps every interval it logged; draws a progress line on ``stream`` when
+    ``progress`` is True (None: when the stream is a terminal)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        total_steps: int,
+        progress: bool | None = None,
+        stream: TextIO = sys.stderr,
+    ) -> None:
+        self.total_steps, self.stream = total_steps, stream
+        self.progress = stream.isatty() if progress is None else progress
+        self._file: TextIO | None = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self.progress:
+            mfu_text = "" if record.get("mfu") is None else f" mfu {record['mfu']:.1%}"
+            self.stream.write(
+                f"\rstep {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
+                f"lr {record['lr']:.2e} {record['tokens_per_s']:,.0f} tok/s{mfu_text}   "
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.progress:
+            self.stream.write("\n")
+        if self._file is not None:
+            self._file.close()
+
+
+def read(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a metrics file; when steps repeat (a resumed run re-trains the steps after its
+    last checkpoint), the later record wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]

@@ -1,0 +1,158 @@
+"""A GPT-style decoder (GPT-2 or Llama flavour) whose forward returns the loss.
+
+Static shapes only: the sequence length is fixed by the config, so a compiled graph is traced
+once. ``forward(idx, targets)`` returns the mean cross-entropy so that the loss is part of the
+compiled graph and stays on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    half = cfg.head_dim // 2
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        bias = not cfg.llama_style
+        self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim],
+            dim=-1,
+        )
+        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_head
+        )
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.swiglu = cfg.llama_style
+        bias = not cfg.llama_style
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_width * (2 if self.swiglu else 1), bias=bias)
+        self.down = nn.Linear(cfg.ffn_width, cfg.d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
+        return self.down(F.gelu(h, approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        norm = RMSNorm if cfg.llama_style else nn.LayerNorm
+        self.norm1, self.norm2 = norm(cfg.d_model), norm(cfg.d_model)
+        self.attn, self.mlp = Attention(cfg), MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """The decoder. ``forward(idx, targets)`` takes int64 ``(batch, seq_len)`` tensors."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = None if cfg.llama_style else nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model) if cfg.llama_style else nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.llama_style:
+            cos, sin = _rope_tables(cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.tie_weights()
+        self.apply(self._init)
+        # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat.
+        for name, p in self.named_parameters():
+            if name.endswith(("proj.weight", "down.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    def tie_weights(self) -> None:
+        """Shares the embedding with the output head; call again after a move that unties them
+        (``model.to(xla_device)`` does)."""
+        if self.cfg.tie_embeddings:
+            self.head.weight = self.tok.weight
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear | nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)
+        rope = None
+        if self.pos is not None:
+            x = x + self.pos.weight
+        else:
+            rope = (self.rope_cos, self.rope_sin)
+        for block in self.blocks:
+            x = block(x, rope)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_params(self) -> int:
+        """Unique parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6N for the matmuls (forward and backward) plus attention
+        scores and values, 12 * layers * width * seq_len (PaLM appendix B). N leaves out the
+        lookup tables (positions, and the input embedding when it is not the tied output head)."""
+        n = self.num_params()
+        if self.pos is not None:
+            n -= self.pos.weight.numel()
+        if not self.cfg.tie_embeddings:
+            n -= self.tok.weight.numel()
+        return 6.0 * n + 12.0 * self.cfg.n_layer * self.cfg.d_model * self.cfg.seq_len

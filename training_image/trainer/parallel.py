@@ -1,0 +1,129 @@
+"""Process groups and data parallelism: DDP for models that fit a device, FSDP2 for the rest.
+
+The rank layout comes from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE); without it the run is a single process and nothing is wrapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import Parallel
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def ranks_from_env() -> Ranks:
+    """torchrun's layout, or a single process when it did not launch us."""
+    env = os.environ
+    return Ranks(
+        rank=int(env.get("RANK", 0)),
+        world_size=int(env.get("WORLD_SIZE", 1)),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
+    )
+
+
+def init(ranks: Ranks, dist_backend: str) -> None:
+    """Joins the default process group (``dist_backend``) when there is more than one rank."""
+    if ranks.distributed and not dist.is_initialized():
+        dist.init_process_group(dist_backend)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, ranks: Ranks, strategy: Parallel, device: torch.device) -> nn.Module:
+    """DDP, or FSDP2 with each block sharded on its own; unchanged for one rank."""
+    if not ranks.distributed:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "blocks", []):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = None if device.type == "cpu" else [device.index]
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skips the gradient all-reduce on the micro-steps before the last one of a step."""
+    if enabled:
+        yield
+        return
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is not None:
+        with no_sync():
+            yield
+        return
+    set_sync = getattr(model, "set_requires_gradient_sync", None)
+    if set_sync is not None:
+        set_sync(False)
+        try:
+            yield
+        finally:
+            set_sync(True)
+        return
+    yield
+
+
+def all_mean(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Mean over ranks (a copy); ``value`` itself when there is one rank."""
+    if not ranks.distributed:
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / ranks.world_size
+
+
+def any_rank(flag: bool, ranks: Ranks, group: dist.ProcessGroup | None) -> bool:
+    """True when ``flag`` is set on any rank; ``group`` is a CPU (gloo) group."""
+    if not ranks.distributed:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def broadcast_object(obj: object, ranks: Ranks, group: dist.ProcessGroup | None) -> object:
+    """Rank 0's ``obj`` on every rank."""
+    if not ranks.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def control_group(ranks: Ranks) -> dist.ProcessGroup | None:
+    """A gloo group for host-side agreement (stop flags, checkpoint names) whatever the device."""
+    if not ranks.distributed:
+        return None
+    return dist.new_group(backend="gloo")
