@@ -58,3 +58,12 @@ def run_trainer(trainer_env: dict[str, str]) -> Callable[..., subprocess.Complet
         )
 
     return run
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> None:
+    """In-process training shares two cores with another pytest worker and trainer subprocesses;
+    more threads than cores only adds contention."""
+    import torch
+
+    torch.set_num_threads(1)

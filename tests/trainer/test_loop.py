@@ -80,7 +80,7 @@ def uninterrupted(
         "--data",
         str(corpus_dir),
         "--max-steps",
-        "80",
+        "40",
         "--checkpoint-every",
         "5",
         "--checkpoint-dir",
@@ -104,7 +104,7 @@ def test_kill_9_then_resume_is_bit_identical(
         "--data",
         str(corpus_dir),
         "--max-steps",
-        "80",
+        "40",
         "--checkpoint-every",
         "5",
         "--checkpoint-dir",
@@ -117,14 +117,14 @@ def test_kill_9_then_resume_is_bit_identical(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert max(metrics.read(tmp_path / "m.jsonl"), key=lambda r: r["step"])["step"] < 80
+    assert max(metrics.read(tmp_path / "m.jsonl"), key=lambda r: r["step"])["step"] < 40
 
     resumed = run_trainer(*args)
     assert resumed.returncode == 0, resumed.stderr
     expected = {r["step"]: r["loss"] for r in metrics.read(uninterrupted / "m.jsonl")}
     got = {r["step"]: r["loss"] for r in metrics.read(tmp_path / "m.jsonl")}
     assert got == expected  # every step's loss, bit for bit (JSON floats round-trip exactly)
-    final, reference = _final_state(tmp_path / "ck", 80), _final_state(uninterrupted / "ck", 80)
+    final, reference = _final_state(tmp_path / "ck", 40), _final_state(uninterrupted / "ck", 40)
     assert all(torch.equal(final[k], reference[k]) for k in reference)
 
 

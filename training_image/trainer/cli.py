@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         default=d.warmup_steps,
         help="-1 = 10%% of max steps, at most 100",
     )
+    run.add_argument(
+        "--parallel", choices=["ddp", "fsdp"], help="with several ranks; default: preset"
+    )
     run.add_argument("--checkpoint-dir", default=d.checkpoint_dir, help="path or s3:// URI")
     run.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)

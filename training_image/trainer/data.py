@@ -4,9 +4,9 @@ Shard file: a 32-byte header (magic ``TRNSHRD1``, format version, bytes per toke
 little-endian) followed by the tokens as little-endian uint16 or uint32. ``manifest.json`` lists
 each shard's name, token count and SHA-256 with the tokenizer id, vocabulary size and dtype.
 
-Batches are drawn by :class:`WindowSampler` from ``(seed, step, micro_step)`` alone; each rank reads
-its slice of the global batch, so a resumed run sees exactly the batches it would have seen, and 1
-rank with gradient accumulation sees the same global batch as several ranks.
+Batches are drawn by :class:`WindowSampler` from ``(seed, step)`` alone; each rank reads its slice
+of the step's global batch, so a resumed run sees exactly the batches it would have seen, and one
+rank accumulating gradients over N micro-steps sees the same global batch as N ranks.
 """
 
 from __future__ import annotations
@@ -195,8 +195,9 @@ def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
 class WindowSampler:
     """Random windows of ``seq_len + 1`` tokens that never cross a shard boundary.
 
-    Each step's global batch is ``micro_batch * world_size`` windows per micro-step, drawn from
-    ``(seed, step, micro_step)``; rank ``r`` takes rows ``r * micro_batch`` onwards.
+    Each step's global batch is ``micro_batch * world_size * grad_accum`` windows drawn from
+    ``(seed, step)``; micro-step ``m`` of rank ``r`` reads block ``m * world_size + r`` of
+    ``micro_batch`` rows.
 
     Raises:
         ValueError: no shard holds a full window.
@@ -211,9 +212,10 @@ class WindowSampler:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        grad_accum: int = 1,
     ) -> None:
         self.dataset, self.seq_len, self.micro_batch = dataset, seq_len, micro_batch
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.seed, self.rank, self.world_size, self.grad_accum = seed, rank, world_size, grad_accum
         windows = np.array([max(0, s.size - seq_len) for s in dataset.shards], dtype=np.int64)
         if windows.sum() == 0:
             raise ValueError(f"no shard in {dataset.root} holds {seq_len + 1} tokens (seq_len + 1)")
@@ -222,9 +224,12 @@ class WindowSampler:
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets, int64 ``(micro_batch, seq_len)`` CPU tensors, for this rank."""
-        rng = np.random.Generator(np.random.PCG64([self.seed, step, micro_step]))
-        picks = rng.integers(0, int(self._ends[-1]), size=self.micro_batch * self.world_size)
-        picks = picks[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
+        rng = np.random.Generator(np.random.PCG64([self.seed, step]))
+        picks = rng.integers(
+            0, int(self._ends[-1]), size=self.micro_batch * self.world_size * self.grad_accum
+        )
+        block = micro_step * self.world_size + self.rank
+        picks = picks[block * self.micro_batch : (block + 1) * self.micro_batch]
         shard_ids = np.searchsorted(self._ends, picks, side="right")
         offsets = picks - self._starts[shard_ids]
         span = self.seq_len + 1

@@ -86,6 +86,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         seed=cfg.seed,
         rank=ranks.rank,
         world_size=ranks.world_size,
+        grad_accum=cfg.grad_accum,
     )
 
     torch.manual_seed(cfg.seed)
