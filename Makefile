@@ -1,0 +1,65 @@
+# The two commands: `make synth` and `make test`. Each sets up what it needs on a fresh machine
+# (Python 3.11, Node 20, make) and then runs; set-up steps rerun only when their inputs change.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip --disable-pip-version-check
+CHECKOV_VENV := .tools/checkov
+CDK := node_modules/.bin/cdk
+PYTEST_WORKERS ?= 2
+
+# Offline and quiet: no CDK notices or version checks, no instance-metadata credential probe,
+# no Node 20 end-of-life banner on every jsii call.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_VERSION_CHECK := true
+export AWS_EC2_METADATA_DISABLED := true
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: synth test lint typecheck check bench train-local clean setup
+
+synth: $(VENV)/.runtime $(CDK)
+	$(CDK) synth --no-notices --quiet --output cdk.out
+
+test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.dev
+	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks
+
+check: lint typecheck test
+
+bench: $(VENV)/.dev $(CDK)
+	$(PY) bench/run.py
+
+train-local: $(VENV)/.dev
+	bash training_image/demo.sh
+
+setup: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
+
+$(VENV)/.runtime: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(PIP) install -q -r requirements-dev.txt
+	touch $@
+
+$(CHECKOV_VENV)/.ready: requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+$(CDK): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+clean:
+	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache

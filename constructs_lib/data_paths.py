@@ -1,0 +1,328 @@
+"""TrainingDataPaths: S3 buckets and an FSx for Lustre file system linked to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from trn_catalog import fsx as fsx_limits
+
+# Lustre client traffic: TCP 988 and 1018-1023 (FSx user guide, "File system access control").
+LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
+DATASETS_PATH = "/datasets"
+CHECKPOINTS_PATH = "/checkpoints"
+
+
+@dataclass(frozen=True)
+class TrainingDataPathsProps:
+    """Props of :class:`TrainingDataPaths`.
+
+    Attributes:
+        vpc: the VPC the file system lives in (required).
+        fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
+        lustre_clients: who may mount the file system, e.g. ``ec2.Peer.ipv4(vpc_cidr)`` (required).
+        fsx_storage_gib: 1,200 or a multiple of 2,400. Default 1200.
+        fsx_throughput_per_tib: 125, 250, 500 or 1000 MB/s per TiB. Default 125.
+        efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients). Default False.
+        retain: RETAIN the buckets, key and file system on stack deletion (prod); otherwise
+            DESTROY them and empty the buckets first. Default False.
+        checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept.
+            Default 14.
+        compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
+            recompile. Default 90.
+        access_log_expiry_days: days S3 server access logs are kept. Default 365.
+        encryption_key: bring your own KMS key for buckets and file system. Default: a new key.
+    """
+
+    vpc: ec2.IVpc
+    fsx_subnet: ec2.ISubnet
+    lustre_clients: ec2.IPeer
+    fsx_storage_gib: int = fsx_limits.FSX_MIN_GIB
+    fsx_throughput_per_tib: int = 125
+    efa_fsx: bool = False
+    retain: bool = False
+    checkpoint_noncurrent_days: int = 14
+    compile_cache_expiry_days: int = 90
+    access_log_expiry_days: int = 365
+    encryption_key: kms.IKey | None = None
+
+
+class TrainingDataPaths(Construct):
+    """Datasets, checkpoints and the Neuron compile cache in S3, with FSx for Lustre in front.
+
+    Default settings: every bucket blocks public access, enforces TLS, writes server access logs
+    to a dedicated log bucket and is encrypted with a rotating customer-managed KMS key (bucket
+    keys on, so many small cache objects do not each cost a KMS call). Datasets and checkpoints
+    are versioned; the compile cache is not (it is rebuildable) and expires instead. The file
+    system is PERSISTENT_2, Lustre 2.15, LZ4-compressed, KMS-encrypted, in one subnet, with
+    automatic metadata IOPS. ``/datasets`` imports from the datasets bucket and ``/checkpoints``
+    exports to the checkpoints bucket, both automatically.
+
+    Attributes:
+        key, datasets, checkpoints, compile_cache, access_logs, file_system,
+        lustre_security_group, dataset_association, checkpoint_association.
+
+    Raises:
+        ValueError: storage or throughput not allowed for PERSISTENT_2, or a lifecycle period
+            below one day; each message names the prop, the value and what is allowed.
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, props: TrainingDataPathsProps
+    ) -> None:
+        super().__init__(scope, construct_id)
+        # Grant log delivery through the bucket policy, not ACLs, whatever the app's flags say:
+        # ACL delivery needs ObjectWriter ownership, which would re-enable ACLs on the buckets.
+        self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
+        _validate(props)
+        self.props = props
+        removal = RemovalPolicy.RETAIN if props.retain else RemovalPolicy.DESTROY
+        self.key = props.encryption_key or kms.Key(
+            self,
+            "DataKey",
+            description="Encrypts training datasets, checkpoints, compile cache and FSx",
+            enable_key_rotation=True,
+            removal_policy=removal,
+        )
+        self.access_logs = self._access_log_bucket(removal)
+        self.datasets = self._bucket(
+            "Datasets",
+            removal,
+            versioned=True,
+            rules=[
+                _abort_uploads(),
+                s3.LifecycleRule(
+                    id="expire-old-versions", noncurrent_version_expiration=Duration.days(30)
+                ),
+            ],
+        )
+        self.checkpoints = self._bucket(
+            "Checkpoints",
+            removal,
+            versioned=True,
+            rules=[
+                _abort_uploads(),
+                s3.LifecycleRule(
+                    id="expire-old-versions",
+                    noncurrent_version_expiration=Duration.days(props.checkpoint_noncurrent_days),
+                ),
+                s3.LifecycleRule(
+                    id="tier-old-checkpoints",
+                    transitions=[
+                        s3.Transition(
+                            storage_class=s3.StorageClass.INTELLIGENT_TIERING,
+                            transition_after=Duration.days(30),
+                        )
+                    ],
+                ),
+            ],
+        )
+        self.compile_cache = self._bucket(
+            "CompileCache",
+            removal,
+            versioned=False,
+            rules=[
+                _abort_uploads(),
+                s3.LifecycleRule(
+                    id="expire-stale-cache",
+                    expiration=Duration.days(props.compile_cache_expiry_days),
+                ),
+            ],
+        )
+        self._allow_fsx_data_repository_role()
+        self.lustre_security_group = self._lustre_security_group()
+        self.file_system = self._file_system(removal)
+        self.dataset_association = self._association(
+            "DatasetsAssociation", DATASETS_PATH, self.datasets, imports=True
+        )
+        self.checkpoint_association = self._association(
+            "CheckpointsAssociation", CHECKPOINTS_PATH, self.checkpoints, imports=False
+        )
+
+    @property
+    def compile_cache_url(self) -> str:
+        """The ``NEURON_COMPILE_CACHE_URL`` for jobs (a token until deploy)."""
+        return f"s3://{self.compile_cache.bucket_name}/neuron-compile-cache"
+
+    def _access_log_bucket(self, removal: RemovalPolicy) -> s3.Bucket:
+        # S3 delivers server access logs only to SSE-S3 buckets, so this one bucket is not on KMS.
+        return s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            removal_policy=removal,
+            auto_delete_objects=removal == RemovalPolicy.DESTROY,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-logs",
+                    expiration=Duration.days(self.props.access_log_expiry_days),
+                    noncurrent_version_expiration=Duration.days(1),
+                ),
+            ],
+        )
+
+    def _bucket(
+        self,
+        construct_id: str,
+        removal: RemovalPolicy,
+        *,
+        versioned: bool,
+        rules: list[s3.LifecycleRule],
+    ) -> s3.Bucket:
+        return s3.Bucket(
+            self,
+            construct_id,
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=versioned,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix=f"{construct_id.lower()}/",
+            removal_policy=removal,
+            auto_delete_objects=removal == RemovalPolicy.DESTROY,
+            lifecycle_rules=rules,
+        )
+
+    def _allow_fsx_data_repository_role(self) -> None:
+        """Let FSx's S3-access service-linked role use the key, via S3 only.
+
+        The role's name carries the file system id (AWSServiceRoleForFSxS3Access_fs-...), which
+        does not exist before deploy, so the key policy matches its path instead.
+        """
+        stack = Stack.of(self)
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AllowFsxDataRepositoryAccess",
+                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey*", "kms:DescribeKey"],
+                principals=[iam.AnyPrincipal()],
+                resources=["*"],
+                conditions={
+                    "StringEquals": {
+                        "aws:PrincipalAccount": stack.account,
+                        "kms:ViaService": f"s3.{stack.region}.amazonaws.com",
+                    },
+                    "ArnLike": {
+                        "aws:PrincipalArn": (
+                            f"arn:{stack.partition}:iam::{stack.account}:role/aws-service-role/"
+                            "s3.data-source.lustre.fsx.amazonaws.com/*"
+                        )
+                    },
+                },
+            )
+        )
+
+    def _lustre_security_group(self) -> ec2.SecurityGroup:
+        group = ec2.SecurityGroup(
+            self,
+            "LustreSecurityGroup",
+            vpc=self.props.vpc,
+            description="FSx for Lustre: Lustre ports from clients and between file servers",
+            allow_all_outbound=False,
+        )
+        clients = self.props.lustre_clients
+        if self.props.efa_fsx:
+            # EFA needs all traffic to and from the group itself, in and out.
+            group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
+            group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
+        for port in LUSTRE_PORTS:
+            group.add_ingress_rule(clients, port, "Lustre from clients")
+            if not self.props.efa_fsx:
+                # Ingress between file servers comes from LustreFileSystem (988-1023 from itself).
+                group.add_egress_rule(group, port, "Lustre between file servers")
+        return group
+
+    def _file_system(self, removal: RemovalPolicy) -> fsx.LustreFileSystem:
+        props = self.props
+        file_system = fsx.LustreFileSystem(
+            self,
+            "FileSystem",
+            vpc=props.vpc,
+            vpc_subnet=props.fsx_subnet,
+            storage_capacity_gib=props.fsx_storage_gib,
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            kms_key=self.key,
+            security_group=self.lustre_security_group,
+            removal_policy=removal,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
+                per_unit_storage_throughput=props.fsx_throughput_per_tib,
+                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+                weekly_maintenance_start_time=fsx.LustreMaintenanceTime(
+                    day=fsx.Weekday.SUNDAY, hour=3, minute=0
+                ),
+            ),
+        )
+        cfn = file_system.node.default_child
+        assert isinstance(cfn, fsx.CfnFileSystem)
+        cfn.add_property_override("LustreConfiguration.MetadataConfiguration.Mode", "AUTOMATIC")
+        if props.efa_fsx:
+            cfn.add_property_override("LustreConfiguration.EfaEnabled", True)
+        return file_system
+
+    def _association(
+        self, construct_id: str, path: str, bucket: s3.IBucket, *, imports: bool
+    ) -> fsx.CfnDataRepositoryAssociation:
+        events = ["NEW", "CHANGED", "DELETED"]
+        s3_policy = (
+            fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=events
+                )
+            )
+            if imports
+            else fsx.CfnDataRepositoryAssociation.S3Property(
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=events
+                )
+            )
+        )
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            construct_id,
+            file_system_id=self.file_system.file_system_id,
+            file_system_path=path,
+            data_repository_path=f"s3://{bucket.bucket_name}",
+            batch_import_meta_data_on_create=imports,
+            imported_file_chunk_size=1024,
+            s3=s3_policy,
+        )
+
+
+def _abort_uploads() -> s3.LifecycleRule:
+    return s3.LifecycleRule(
+        id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1)
+    )
+
+
+def _validate(props: TrainingDataPathsProps) -> None:
+    if not fsx_limits.storage_allowed(props.fsx_storage_gib):
+        raise ValueError(
+            f"fsx_storage_gib {props.fsx_storage_gib} is not allowed; {fsx_limits.STORAGE_RULE}"
+        )
+    if not fsx_limits.throughput_allowed(props.fsx_throughput_per_tib):
+        raise ValueError(
+            f"fsx_throughput_per_tib {props.fsx_throughput_per_tib} is not allowed; "
+            f"{fsx_limits.THROUGHPUT_RULE}"
+        )
+    for name in (
+        "checkpoint_noncurrent_days",
+        "compile_cache_expiry_days",
+        "access_log_expiry_days",
+    ):
+        days = getattr(props, name)
+        if days < 1:
+            raise ValueError(f"{name} {days} is not allowed; use a whole number of days >= 1")

@@ -1,0 +1,243 @@
+"""TrainingNetwork: the VPC a Trainium training cluster runs in."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from constructs_lib._common import log_group_key, retention
+
+# Interface endpoints that private trn and system nodes call on every boot or job, so that none
+# of that traffic (multi-GB Neuron images above all) pays NAT data processing or depends on it:
+#   ecr.api, ecr.dkr  image manifests and auth for the training and add-on images (layers come
+#                     from S3 through the gateway endpoint)
+#   sts               web-identity and role credentials for add-ons and jobs
+#   eks-auth          EKS Pod Identity credential exchange
+#   eks               node bootstrap (nodeadm) and add-ons reading cluster details
+#   ec2               VPC CNI attaching ENIs, IP prefixes and EFA interfaces
+#   logs              container and control-plane agents shipping logs
+#   ssm, ssmmessages  Session Manager: the way onto a node, since SSH is never opened
+DEFAULT_INTERFACE_ENDPOINTS: tuple[str, ...] = (
+    "ecr.api",
+    "ecr.dkr",
+    "sts",
+    "eks-auth",
+    "eks",
+    "ec2",
+    "logs",
+    "ssm",
+    "ssmmessages",
+)
+
+_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "ecr.api": ec2.InterfaceVpcEndpointAwsService.ECR,
+    "ecr.dkr": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    "sts": ec2.InterfaceVpcEndpointAwsService.STS,
+    "eks-auth": ec2.InterfaceVpcEndpointAwsService.EKS_AUTH,
+    "eks": ec2.InterfaceVpcEndpointAwsService.EKS,
+    "ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
+    "logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+    "ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
+    "ssmmessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "ec2messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+    "monitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
+    "elasticloadbalancing": ec2.InterfaceVpcEndpointAwsService.ELASTIC_LOAD_BALANCING,
+    "fsx": ec2.InterfaceVpcEndpointAwsService.FSX,
+}
+
+PRIVATE_SUBNET_NAME = "Private"
+PUBLIC_SUBNET_NAME = "Public"
+
+
+@dataclass(frozen=True)
+class TrainingNetworkProps:
+    """Props of :class:`TrainingNetwork`.
+
+    Attributes:
+        trn_availability_zone: the AZ that holds the Trainium capacity (required).
+        availability_zones: the VPC's AZs, the trn AZ among them; at least two (required).
+        cidr: the VPC's IPv4 block. Default ``10.64.0.0/16``.
+        private_subnet_mask: prefix length of each private subnet. Default 18 (16,379 usable
+            addresses per AZ), sized for VPC CNI prefix delegation, which hands out /28 blocks.
+        prefix_reservation_mask: prefix length of the ``prefix`` CIDR reservation kept inside the
+            trn AZ's private subnet so that /28 prefixes never fragment away. Default 20.
+        nat_gateways: NAT gateways, at most one per AZ. Default 1.
+        interface_endpoints: endpoint short names, from :data:`DEFAULT_INTERFACE_ENDPOINTS` or
+            ``ec2messages``, ``monitoring``, ``elasticloadbalancing``, ``fsx``.
+        flow_log_retention_days: retention of the VPC flow log group. Default 30.
+        removal_policy: for the flow log group and its key. Default DESTROY.
+    """
+
+    trn_availability_zone: str
+    availability_zones: Sequence[str]
+    cidr: str = "10.64.0.0/16"
+    private_subnet_mask: int = 18
+    prefix_reservation_mask: int = 20
+    nat_gateways: int = 1
+    interface_endpoints: Sequence[str] = field(default=DEFAULT_INTERFACE_ENDPOINTS)
+    flow_log_retention_days: int = 30
+    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+
+
+class TrainingNetwork(Construct):
+    """A VPC for Trainium training: private subnets sized for pod IPs, endpoints, flow logs.
+
+    Default settings: one public /24 and one private subnet per AZ; private subnets route out
+    through NAT; an S3 gateway endpoint on the private route tables; the interface endpoints of
+    :data:`DEFAULT_INTERFACE_ENDPOINTS` with private DNS; all traffic logged to a KMS-encrypted
+    CloudWatch log group; the default security group stripped of all rules.
+
+    Pod IPs use VPC CNI prefix delegation rather than a secondary CIDR with custom networking:
+    no ENIConfig per AZ to keep in step, the node's primary ENI keeps serving pods, and EFA-only
+    interfaces take no IPs at all. Its risk, /28 fragmentation, is removed by a subnet CIDR
+    reservation of type ``prefix`` in the trn AZ.
+
+    Attributes:
+        vpc: the VPC.
+        cidr: the VPC's IPv4 block as a literal (for security group rules in other stacks).
+        endpoint_security_group: the group of all interface endpoints.
+        trn_subnets: the selection of the trn AZ's private subnet (one subnet).
+        private_subnets: the selection of all private subnets.
+        flow_log_group: the flow log group.
+
+    Raises:
+        ValueError: fewer than two AZs, the trn AZ not among them, a bad CIDR or mask, more NAT
+            gateways than AZs, or an unknown endpoint name. Each message names the prop.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingNetworkProps) -> None:
+        super().__init__(scope, construct_id)
+        _validate(props)
+        self.props = props
+        self.cidr = props.cidr
+        self.flow_log_key = log_group_key(self, "FlowLogKey", props.removal_policy)
+        self.flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            encryption_key=self.flow_log_key,
+            retention=retention("flow_log_retention_days", props.flow_log_retention_days),
+            removal_policy=props.removal_policy,
+        )
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            ip_addresses=ec2.IpAddresses.cidr(props.cidr),
+            availability_zones=list(props.availability_zones),
+            nat_gateways=props.nat_gateways,
+            restrict_default_security_group=True,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name=PUBLIC_SUBNET_NAME, subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
+                ec2.SubnetConfiguration(
+                    name=PRIVATE_SUBNET_NAME,
+                    subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=props.private_subnet_mask,
+                ),
+            ],
+            flow_logs={
+                "All": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+                    traffic_type=ec2.FlowLogTrafficType.ALL,
+                )
+            },
+        )
+        self.private_subnets = ec2.SubnetSelection(subnet_group_name=PRIVATE_SUBNET_NAME)
+        self.trn_subnets = ec2.SubnetSelection(
+            subnet_group_name=PRIVATE_SUBNET_NAME,
+            availability_zones=[props.trn_availability_zone],
+        )
+        self.vpc.add_gateway_endpoint(
+            "S3", service=ec2.GatewayVpcEndpointAwsService.S3, subnets=[self.private_subnets]
+        )
+        self.endpoint_security_group = ec2.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            vpc=self.vpc,
+            description="Interface endpoints: HTTPS from inside the VPC only",
+            allow_all_outbound=False,
+        )
+        self.endpoint_security_group.add_ingress_rule(
+            ec2.Peer.ipv4(props.cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
+        )
+        for name in props.interface_endpoints:
+            self.vpc.add_interface_endpoint(
+                _endpoint_id(name),
+                service=_ENDPOINT_SERVICES[name],
+                subnets=self.private_subnets,
+                private_dns_enabled=True,
+                open=False,
+                security_groups=[self.endpoint_security_group],
+            )
+        self._reserve_prefixes()
+
+    @property
+    def trn_subnet(self) -> ec2.ISubnet:
+        """The private subnet of the trn AZ: trn nodes, FSx and the EFA placement live here."""
+        return self.vpc.select_subnets(
+            subnet_group_name=PRIVATE_SUBNET_NAME,
+            availability_zones=[self.props.trn_availability_zone],
+        ).subnets[0]
+
+    def _reserve_prefixes(self) -> None:
+        subnet_cidr = ipaddress.ip_network(self.trn_subnet.ipv4_cidr_block)
+        reserved = list(subnet_cidr.subnets(new_prefix=self.props.prefix_reservation_mask))[-1]
+        ec2.CfnSubnetCidrReservation(
+            self,
+            "TrnPrefixReservation",
+            subnet_id=self.trn_subnet.subnet_id,
+            cidr=str(reserved),
+            reservation_type="prefix",
+            description="Contiguous /28 prefixes for VPC CNI prefix delegation on trn nodes",
+        )
+
+
+def _validate(props: TrainingNetworkProps) -> None:
+    azs = list(props.availability_zones)
+    if len(azs) < 2 or len(set(azs)) != len(azs):
+        raise ValueError(
+            f"availability_zones {azs!r} must name at least two distinct availability zones"
+        )
+    if props.trn_availability_zone not in azs:
+        raise ValueError(
+            f"trn_availability_zone {props.trn_availability_zone!r} must be one of "
+            f"availability_zones {azs!r}"
+        )
+    try:
+        network = ipaddress.ip_network(props.cidr)
+    except ValueError:
+        raise ValueError(
+            f"cidr {props.cidr!r} is not an IPv4 network such as 10.64.0.0/16"
+        ) from None
+    if not 16 <= network.prefixlen <= 20:
+        raise ValueError(f"cidr {props.cidr!r} must have a prefix length from /16 to /20")
+    needed = len(azs) * (2 ** (32 - props.private_subnet_mask) + 256)
+    if not network.prefixlen < props.private_subnet_mask <= 24 or needed > network.num_addresses:
+        raise ValueError(
+            f"private_subnet_mask {props.private_subnet_mask} does not fit {len(azs)} private and "
+            f"public subnets into {props.cidr}; use a longer mask (at most 24) or a larger cidr"
+        )
+    if not props.private_subnet_mask < props.prefix_reservation_mask <= 28:
+        raise ValueError(
+            f"prefix_reservation_mask {props.prefix_reservation_mask} must lie between "
+            f"private_subnet_mask {props.private_subnet_mask} (exclusive) and 28"
+        )
+    if not 0 <= props.nat_gateways <= len(azs):
+        raise ValueError(
+            f"nat_gateways {props.nat_gateways} must be from 0 to the number of AZs ({len(azs)})"
+        )
+    unknown = sorted(set(props.interface_endpoints) - set(_ENDPOINT_SERVICES))
+    if unknown:
+        raise ValueError(
+            f"interface_endpoints {unknown!r} are unknown; known: {', '.join(_ENDPOINT_SERVICES)}"
+        )
+
+
+def _endpoint_id(name: str) -> str:
+    return "".join(part.capitalize() for part in name.replace("-", ".").split(".")) + "Endpoint"

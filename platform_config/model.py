@@ -1,0 +1,124 @@
+"""The typed configuration of one platform environment.
+
+Everything below ``app.py`` receives a :class:`PlatformConfig`; nothing else reads CDK context.
+The values here are already validated (see :mod:`platform_config.parse`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import trn_catalog
+
+EnvName = Literal["dev", "prod", "preview"]
+CapacityMode = Literal["on-demand", "capacity-block", "odcr"]
+
+CAPACITY_MODES: tuple[CapacityMode, ...] = ("on-demand", "capacity-block", "odcr")
+RESERVATION_MODES: tuple[CapacityMode, ...] = ("capacity-block", "odcr")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What differs between dev, prod and preview environments, stated once.
+
+    ``retain_data`` decides RETAIN (prod) or DESTROY for the stateful resources;
+    ``nat_gateways`` is one in dev and preview (cheap, one AZ's egress) and one per AZ in prod (no
+    cross-AZ dependency for egress).
+    """
+
+    name: EnvName
+    max_azs: int
+    nat_gateways: int
+    retain_data: bool
+    termination_protection: bool
+    log_retention_days: int
+    default_trn_nodes: int
+    default_fsx_storage_gib: int
+    default_fsx_throughput_per_tib: int
+
+
+PROFILES: dict[EnvName, Profile] = {
+    "dev": Profile(
+        name="dev",
+        max_azs=2,
+        nat_gateways=1,
+        retain_data=False,
+        termination_protection=False,
+        log_retention_days=30,
+        default_trn_nodes=2,
+        default_fsx_storage_gib=1200,
+        default_fsx_throughput_per_tib=125,
+    ),
+    "prod": Profile(
+        name="prod",
+        max_azs=3,
+        nat_gateways=3,
+        retain_data=True,
+        termination_protection=True,
+        log_retention_days=365,
+        default_trn_nodes=2,
+        default_fsx_storage_gib=4800,
+        default_fsx_throughput_per_tib=250,
+    ),
+    "preview": Profile(
+        name="preview",
+        max_azs=2,
+        nat_gateways=1,
+        retain_data=False,
+        termination_protection=False,
+        log_retention_days=7,
+        default_trn_nodes=1,
+        default_fsx_storage_gib=1200,
+        default_fsx_throughput_per_tib=125,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TrnCapacity:
+    """The Trainium node capacity: which type, how many, and how EC2 supplies it."""
+
+    instance_type: str
+    nodes: int
+    capacity: CapacityMode
+    capacity_reservation_id: str | None
+
+    @property
+    def spec(self) -> trn_catalog.InstanceSpec:
+        return trn_catalog.get(self.instance_type)
+
+
+@dataclass(frozen=True)
+class FsxSettings:
+    """FSx for Lustre PERSISTENT_2 sizing: storage in GiB and throughput in MB/s per TiB."""
+
+    storage_gib: int
+    throughput_per_tib: int
+    efa: bool
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    """One environment of the platform (dev, prod or a per-project preview)."""
+
+    account: str
+    region: str
+    availability_zone: str
+    profile: Profile
+    trn: TrnCapacity
+    fsx: FsxSettings
+    preview: str | None = None
+    ttl_hours: int | None = None
+    admin_role_arn: str | None = None
+
+    @property
+    def env(self) -> EnvName:
+        return self.profile.name
+
+    @property
+    def name(self) -> str:
+        """The prefix of every stack name: ``trn-dev``, ``trn-prod`` or ``trn-pv-<project>``."""
+        if self.preview:
+            return f"trn-pv-{self.preview}"
+        return f"trn-{self.env}"

@@ -1,0 +1,310 @@
+"""Turn raw CDK context (strings from ``-c key=value`` or JSON values from cdk.json) into a
+validated :class:`PlatformConfig`.
+
+Every problem names the context key, the bad value and what is allowed; all problems found are
+reported together so that one synth shows the user everything to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+import trn_catalog
+from platform_config.model import (
+    CAPACITY_MODES,
+    PROFILES,
+    RESERVATION_MODES,
+    CapacityMode,
+    EnvName,
+    FsxSettings,
+    PlatformConfig,
+    Profile,
+    TrnCapacity,
+)
+from trn_catalog import fsx as fsx_limits
+
+CONTEXT_KEYS: tuple[str, ...] = (
+    "account",
+    "region",
+    "availability_zone",
+    "instance_type",
+    "trn_nodes",
+    "capacity",
+    "capacity_reservation_id",
+    "env",
+    "preview",
+    "ttl_hours",
+    "fsx_storage_gib",
+    "fsx_throughput_per_tib",
+    "efa_fsx",
+    "admin_role_arn",
+)
+
+# Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
+# offers Trn2 today. A real deploy passes -c account=... -c region=... -c availability_zone=...
+DEFAULT_ACCOUNT = "123456789012"
+DEFAULT_REGION = "us-east-2"
+DEFAULT_AVAILABILITY_ZONE = "us-east-2a"
+DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
+DEFAULT_TTL_HOURS = 48
+# One Capacity Block holds at most 64 instances; a bigger fleet is several node groups.
+MAX_TRN_NODES = 64
+MAX_TTL_HOURS = 24 * 14
+FSX_MAX_GIB = 2_400_000
+PREVIEW_NAME_MAX = 20
+
+_ACCOUNT = re.compile(r"^\d{12}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
+_DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """Raised when the CDK context holds invalid values; ``problems`` lists each one."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(
+            "invalid platform configuration:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+class _Reader:
+    """Reads typed values from raw context and collects problems instead of stopping at one."""
+
+    def __init__(self, context: Mapping[str, Any]) -> None:
+        self.context = context
+        self.problems: list[str] = []
+
+    def fail(self, key: str, value: Any, allowed: str) -> None:
+        shown = "missing" if value is None else f"{value!r} is not allowed"
+        self.problems.append(f"{key}: {shown}; {allowed}")
+
+    def raw(self, key: str) -> Any:
+        value = self.context.get(key)
+        return None if value == "" else value
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            self.fail(key, value, "expected a string")
+            return default
+        return value.strip()
+
+    def integer(self, key: str, default: int | None, low: int, high: int) -> int | None:
+        value = self.raw(key)
+        if value is None:
+            return default
+        allowed = f"expected a whole number from {low} to {high}"
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            self.fail(key, value, allowed)
+            return default
+        if isinstance(value, str) and not re.fullmatch(r"-?\d+", value.strip()):
+            self.fail(key, value, allowed)
+            return default
+        number = int(value)
+        if not low <= number <= high:
+            self.fail(key, value, allowed)
+            return default
+        return number
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        self.fail(key, value, "expected true or false")
+        return default
+
+    def choice(self, key: str, default: T, options: tuple[T, ...]) -> T:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if value not in options:
+            self.fail(key, value, f"expected one of: {', '.join(map(str, options))}")
+            return default
+        return cast(T, value)
+
+    def matching(self, key: str, pattern: re.Pattern[str], allowed: str) -> str | None:
+        value = self.text(key)
+        if value is not None and not pattern.fullmatch(value):
+            self.fail(key, value, allowed)
+            return None
+        return value
+
+    def check(self, ok: bool, key: str, value: Any, allowed: str) -> None:
+        if not ok:
+            self.fail(key, value, allowed)
+
+
+def _near_misses(context: Mapping[str, Any]) -> list[str]:
+    """Keys that are one of ours spelled with dashes or capitals, which would be ignored."""
+    canonical = {key.replace("_", "").lower(): key for key in CONTEXT_KEYS}
+    problems = []
+    for key in context:
+        if key in CONTEXT_KEYS:
+            continue
+        wanted = canonical.get(key.replace("-", "").replace("_", "").lower())
+        if wanted:
+            problems.append(f"{key}: unknown context key; did you mean {wanted!r}?")
+    return problems
+
+
+def _profile(reader: _Reader) -> tuple[Profile, str | None]:
+    env: EnvName = reader.choice("env", "dev", ("dev", "prod"))
+    preview = reader.text("preview")
+    if preview is None:
+        return PROFILES[env], None
+    reader.check(
+        bool(_DNS_LABEL.fullmatch(preview)) and len(preview) <= PREVIEW_NAME_MAX,
+        "preview",
+        preview,
+        f"expected a DNS-safe project name: lowercase letters, digits and '-', starting with a "
+        f"letter, not ending with '-', at most {PREVIEW_NAME_MAX} characters",
+    )
+    reader.check(
+        env == "dev", "env", env, "a preview is its own environment; leave env unset or 'dev'"
+    )
+    return PROFILES["preview"], preview
+
+
+def _location(reader: _Reader) -> tuple[str, str, str]:
+    account = reader.matching("account", _ACCOUNT, "expected a 12-digit AWS account id")
+    region = reader.matching("region", _REGION, "expected a region name such as us-east-2")
+    region_given = reader.raw("region") is not None
+    default_az = None if region_given else DEFAULT_AVAILABILITY_ZONE
+    az = reader.text("availability_zone", default_az)
+    if region or not region_given:
+        region = region or DEFAULT_REGION
+        reader.check(
+            az is not None and re.fullmatch(re.escape(region) + r"[a-z]", az) is not None,
+            "availability_zone",
+            az,
+            f"expected an availability zone name of region {region!r}, such as {region}a",
+        )
+    return account or DEFAULT_ACCOUNT, region or "", az or ""
+
+
+def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
+    instance_type = reader.text("instance_type", DEFAULT_INSTANCE_TYPE) or DEFAULT_INSTANCE_TYPE
+    reader.check(
+        instance_type in trn_catalog.CATALOG,
+        "instance_type",
+        instance_type,
+        f"expected a type from the instance catalog: {', '.join(trn_catalog.CATALOG)}",
+    )
+    nodes = reader.integer("trn_nodes", profile.default_trn_nodes, 0, MAX_TRN_NODES)
+    capacity: CapacityMode = reader.choice("capacity", "on-demand", CAPACITY_MODES)
+    reservation = reader.matching(
+        "capacity_reservation_id",
+        _RESERVATION,
+        "expected a capacity reservation id: 'cr-' and 17 hexadecimal digits",
+    )
+    raw_reservation = reader.raw("capacity_reservation_id")
+    if capacity in RESERVATION_MODES:
+        reader.check(
+            raw_reservation is not None,
+            "capacity_reservation_id",
+            raw_reservation,
+            f"capacity {capacity!r} needs the id of the reservation to launch into",
+        )
+    else:
+        reader.check(
+            raw_reservation is None,
+            "capacity_reservation_id",
+            raw_reservation,
+            "only used with capacity 'capacity-block' or 'odcr'; capacity is 'on-demand'",
+        )
+    return TrnCapacity(
+        instance_type=instance_type,
+        nodes=profile.default_trn_nodes if nodes is None else nodes,
+        capacity=capacity,
+        capacity_reservation_id=reservation,
+    )
+
+
+def _fsx(reader: _Reader, profile: Profile) -> FsxSettings:
+    storage = reader.integer("fsx_storage_gib", profile.default_fsx_storage_gib, 1, FSX_MAX_GIB)
+    reader.check(
+        storage is None or fsx_limits.storage_allowed(storage),
+        "fsx_storage_gib",
+        storage,
+        fsx_limits.STORAGE_RULE,
+    )
+    throughput = reader.integer(
+        "fsx_throughput_per_tib",
+        profile.default_fsx_throughput_per_tib,
+        0,
+        max(fsx_limits.FSX_THROUGHPUTS_PER_TIB),
+    )
+    reader.check(
+        throughput is None or fsx_limits.throughput_allowed(throughput),
+        "fsx_throughput_per_tib",
+        throughput,
+        fsx_limits.THROUGHPUT_RULE,
+    )
+    return FsxSettings(
+        storage_gib=storage or profile.default_fsx_storage_gib,
+        throughput_per_tib=throughput or profile.default_fsx_throughput_per_tib,
+        efa=reader.boolean("efa_fsx", False),
+    )
+
+
+def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
+    ttl = reader.integer("ttl_hours", None, 1, MAX_TTL_HOURS)
+    if preview is None:
+        reader.check(
+            reader.raw("ttl_hours") is None,
+            "ttl_hours",
+            reader.raw("ttl_hours"),
+            "only used with preview=<project>; dev and prod environments do not expire",
+        )
+        return None
+    return DEFAULT_TTL_HOURS if ttl is None else ttl
+
+
+def parse_config(context: Mapping[str, Any]) -> PlatformConfig:
+    """Build a validated :class:`PlatformConfig` from CDK context.
+
+    Args:
+        context: the app's context, e.g. ``app.node.get_all_context()``; keys not listed in
+            :data:`CONTEXT_KEYS` are ignored unless they look like a misspelling of one.
+
+    Raises:
+        ConfigError: one or more values are invalid; its message lists every problem with the
+            key, the value and what is allowed.
+    """
+    reader = _Reader(context)
+    reader.problems.extend(_near_misses(context))
+    profile, preview = _profile(reader)
+    account, region, az = _location(reader)
+    config = PlatformConfig(
+        account=account,
+        region=region,
+        availability_zone=az,
+        profile=profile,
+        trn=_trn(reader, profile),
+        fsx=_fsx(reader, profile),
+        preview=preview,
+        ttl_hours=_preview_ttl(reader, preview),
+        admin_role_arn=reader.matching(
+            "admin_role_arn",
+            _ROLE_ARN,
+            "expected an IAM role ARN such as arn:aws:iam::123456789012:role/Admin",
+        ),
+    )
+    if reader.problems:
+        raise ConfigError(reader.problems)
+    return config

@@ -1,0 +1,44 @@
+"""The data stack: buckets, the compile cache and FSx for Lustre. Stateful, retained in prod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Stack
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from constructs_lib import TrainingDataPaths, TrainingDataPathsProps, TrainingNetwork
+from platform_config import PlatformConfig
+
+
+class DataStack(Stack):
+    """Composes :class:`TrainingDataPaths` in the trn AZ of the network.
+
+    It depends on the network stack only, never on the cluster, so that CloudFormation creates
+    the file system and the EKS cluster at the same time.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        network: TrainingNetwork,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.data = TrainingDataPaths(
+            self,
+            "DataPaths",
+            props=TrainingDataPathsProps(
+                vpc=network.vpc,
+                fsx_subnet=network.trn_subnet,
+                lustre_clients=ec2.Peer.ipv4(network.cidr),
+                fsx_storage_gib=config.fsx.storage_gib,
+                fsx_throughput_per_tib=config.fsx.throughput_per_tib,
+                efa_fsx=config.fsx.efa,
+                retain=config.profile.retain_data,
+            ),
+        )

@@ -1,0 +1,96 @@
+import subprocess
+import sys
+
+import pytest
+
+import trn_catalog
+from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError
+
+REQUIRED_TYPES = (
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "trn2.3xlarge",
+    "trn2.48xlarge",
+    "trn2u.48xlarge",
+    "trn3.48xlarge",
+)
+
+
+def test_lists_every_required_type() -> None:
+    assert set(REQUIRED_TYPES) <= set(CATALOG)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_fact_has_a_known_source(name: str) -> None:
+    spec = CATALOG[name]
+    assert set(spec.sources) == set(FACT_FIELDS)
+    for fact in FACT_FIELDS:
+        assert spec.sources[fact] in SOURCES, (name, fact)
+        assert spec.source_of(fact)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_unverified_names_real_fields_and_assumed_facts_are_unverified(name: str) -> None:
+    spec = CATALOG[name]
+    assert spec.unverified <= {*FACT_FIELDS, "name"}
+    for fact in FACT_FIELDS:
+        if spec.sources[fact] in {"assumed", "derived"}:
+            assert fact in spec.unverified, (name, fact)
+
+
+@pytest.mark.parametrize(
+    ("name", "efa", "cores", "device_gib"),
+    [
+        ("trn1.32xlarge", 8, 32, 512),
+        ("trn1n.32xlarge", 16, 32, 512),
+        ("trn2.48xlarge", 16, 128, 1536),
+        ("trn2u.48xlarge", 16, 128, 1536),
+        ("trn3.48xlarge", 16, 128, 2304),
+    ],
+)
+def test_sourced_layouts(name: str, efa: int, cores: int, device_gib: int) -> None:
+    spec = trn_catalog.get(name)
+    assert (spec.efa_interfaces, spec.neuron_cores, spec.device_memory_gib) == (
+        efa,
+        cores,
+        device_gib,
+    )
+    assert spec.multi_node_efa
+
+
+def test_trn3_peak_flops_come_from_the_trainium3_figures() -> None:
+    spec = trn_catalog.get("trn3.48xlarge")
+    assert spec.bf16_tflops_per_chip == 671.0
+    assert spec.fp8_tflops_per_chip == 2517.0
+    assert spec.peak_bf16_tflops == 16 * 671.0
+    assert "name" in spec.unverified and not spec.verified
+
+
+def test_efa_interfaces_fit_the_network_cards() -> None:
+    for spec in CATALOG.values():
+        assert 1 <= spec.efa_interfaces <= spec.network_cards, spec.name
+
+
+def test_unknown_type_error_lists_the_known_types() -> None:
+    with pytest.raises(UnknownInstanceTypeError, match=r"'trn9\.1xlarge'.*known: trn1\.32xlarge"):
+        trn_catalog.get("trn9.1xlarge")
+
+
+def test_catalog_imports_nothing_beyond_the_standard_library() -> None:
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import trn_catalog\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'trn_catalog'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_fsx_rules() -> None:
+    allowed = trn_catalog.fsx.storage_allowed
+    assert allowed(1200) and allowed(2400) and allowed(4800)
+    assert not allowed(0) and not allowed(1300) and not allowed(3600)
+    assert trn_catalog.fsx.throughput_allowed(250)
+    assert not trn_catalog.fsx.throughput_allowed(200)

@@ -1,0 +1,152 @@
+from typing import Any
+
+import pytest
+
+from platform_config import PROFILES, ConfigError, parse_config
+from platform_config.parse import CONTEXT_KEYS
+
+BASE = {"account": "210987654321", "region": "us-east-2", "availability_zone": "us-east-2b"}
+RESERVATION = "cr-0123456789abcdef0"
+
+
+def parse(**overrides: Any) -> Any:
+    return parse_config({**BASE, **overrides})
+
+
+def test_no_context_gives_the_offline_defaults() -> None:
+    config = parse_config({})
+    assert (config.account, config.region, config.availability_zone) == (
+        "123456789012",
+        "us-east-2",
+        "us-east-2a",
+    )
+    assert config.env == "dev" and config.name == "trn-dev"
+    assert config.trn.instance_type == "trn3.48xlarge"
+    assert config.trn.nodes == 2 and config.trn.capacity == "on-demand"
+    assert config.trn.capacity_reservation_id is None
+    assert (config.fsx.storage_gib, config.fsx.throughput_per_tib, config.fsx.efa) == (
+        1200,
+        125,
+        False,
+    )
+    assert config.preview is None and config.ttl_hours is None and config.admin_role_arn is None
+
+
+def test_cli_strings_are_converted() -> None:
+    config = parse(
+        trn_nodes="4",
+        fsx_storage_gib="4800",
+        fsx_throughput_per_tib="500",
+        efa_fsx="true",
+        capacity="odcr",
+        capacity_reservation_id=RESERVATION,
+        instance_type="trn2.48xlarge",
+        admin_role_arn="arn:aws:iam::210987654321:role/PlatformAdmin",
+    )
+    assert config.trn.nodes == 4 and config.trn.spec.efa_interfaces == 16
+    assert config.fsx.storage_gib == 4800 and config.fsx.throughput_per_tib == 500
+    assert config.fsx.efa is True
+    assert config.trn.capacity_reservation_id == RESERVATION
+    assert config.admin_role_arn == "arn:aws:iam::210987654321:role/PlatformAdmin"
+
+
+def test_json_values_from_cdk_json_are_accepted() -> None:
+    config = parse(trn_nodes=0, fsx_throughput_per_tib=1000, efa_fsx=False)
+    assert config.trn.nodes == 0 and config.fsx.throughput_per_tib == 1000
+
+
+def test_prod_profile_retains_and_protects() -> None:
+    config = parse(env="prod")
+    assert config.profile is PROFILES["prod"] and config.name == "trn-prod"
+    assert config.profile.retain_data and config.profile.termination_protection
+    assert config.fsx.storage_gib == 4800 and config.profile.nat_gateways == 3
+
+
+def test_preview_profile() -> None:
+    config = parse(preview="team-nlp", ttl_hours="12")
+    assert config.env == "preview" and config.name == "trn-pv-team-nlp"
+    assert config.ttl_hours == 12 and not config.profile.retain_data
+    assert parse(preview="team-nlp").ttl_hours == 48
+
+
+BAD_INPUT = [
+    ({"instance_type": "trn9.1xlarge"}, r"instance_type: 'trn9\.1xlarge' .*trn3\.48xlarge"),
+    ({"instance_type": "p5.48xlarge"}, r"instance_type: 'p5\.48xlarge' .*instance catalog"),
+    ({"availability_zone": "us-west-2a"}, r"availability_zone: 'us-west-2a' .*region 'us-east-2'"),
+    ({"availability_zone": "use2-az1"}, r"availability_zone: 'use2-az1' .*such as us-east-2a"),
+    ({"region": "us-west-2"}, r"availability_zone: 'us-east-2b' .*region 'us-west-2'"),
+    ({"region": "ohio"}, r"region: 'ohio' is not allowed; expected a region name"),
+    ({"account": "12345"}, r"account: '12345' .*12-digit AWS account id"),
+    ({"capacity": "spot"}, r"capacity: 'spot' .*on-demand, capacity-block, odcr"),
+    ({"capacity": "capacity-block"}, r"capacity_reservation_id: missing; .*'capacity-block' needs"),
+    ({"capacity": "odcr"}, r"capacity_reservation_id: missing; capacity 'odcr' needs"),
+    (
+        {"capacity": "odcr", "capacity_reservation_id": "cr-123"},
+        r"capacity_reservation_id: 'cr-123' .*'cr-' and 17 hexadecimal digits",
+    ),
+    (
+        {"capacity_reservation_id": RESERVATION},
+        r"capacity_reservation_id: .*only used with capacity 'capacity-block' or 'odcr'",
+    ),
+    ({"trn_nodes": "65"}, r"trn_nodes: '65' .*whole number from 0 to 64"),
+    ({"trn_nodes": "-1"}, r"trn_nodes: '-1' .*whole number from 0 to 64"),
+    ({"trn_nodes": "two"}, r"trn_nodes: 'two' .*whole number"),
+    ({"trn_nodes": True}, r"trn_nodes: True .*whole number"),
+    ({"fsx_storage_gib": "3000"}, r"fsx_storage_gib: 3000 .*1200 GiB or a multiple of 2400"),
+    ({"fsx_storage_gib": "0"}, r"fsx_storage_gib: '0' .*whole number from 1"),
+    ({"fsx_throughput_per_tib": "200"}, r"fsx_throughput_per_tib: 200 .*125, 250, 500, 1000"),
+    ({"efa_fsx": "maybe"}, r"efa_fsx: 'maybe' .*true or false"),
+    ({"env": "staging"}, r"env: 'staging' .*one of: dev, prod"),
+    ({"preview": "Team_NLP"}, r"preview: 'Team_NLP' .*DNS-safe project name"),
+    ({"preview": "nlp-"}, r"preview: 'nlp-' .*not ending with '-'"),
+    ({"preview": "a" * 21}, r"preview: 'a{21}' .*at most 20 characters"),
+    ({"preview": "nlp", "env": "prod"}, r"env: 'prod' .*a preview is its own environment"),
+    ({"ttl_hours": "24"}, r"ttl_hours: '24' .*only used with preview=<project>"),
+    ({"preview": "nlp", "ttl_hours": "0"}, r"ttl_hours: '0' .*whole number from 1 to 336"),
+    ({"admin_role_arn": "PlatformAdmin"}, r"admin_role_arn: 'PlatformAdmin' .*IAM role ARN"),
+    (
+        {"admin_role_arn": "arn:aws:iam::210987654321:user/alice"},
+        r"admin_role_arn: .*:user/alice' .*IAM role ARN",
+    ),
+    ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
+    ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[m for _, m in BAD_INPUT])
+def test_bad_input_is_rejected_with_key_value_and_rule(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(**overrides)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(instance_type="trn9.1xlarge", trn_nodes="99", capacity="spot", efa_fsx="maybe")
+    keys = [problem.split(":")[0] for problem in caught.value.problems]
+    assert keys == ["instance_type", "trn_nodes", "capacity", "efa_fsx"]
+
+
+def test_context_keys_are_the_documented_names() -> None:
+    assert CONTEXT_KEYS == (
+        "account",
+        "region",
+        "availability_zone",
+        "instance_type",
+        "trn_nodes",
+        "capacity",
+        "capacity_reservation_id",
+        "env",
+        "preview",
+        "ttl_hours",
+        "fsx_storage_gib",
+        "fsx_throughput_per_tib",
+        "efa_fsx",
+        "admin_role_arn",
+    )
+
+
+def test_cdk_feature_flags_are_not_mistaken_for_misspellings() -> None:
+    config = parse(**{"@aws-cdk/core:checkSecretUsage": True, "availability-zones:x": ["a"]})
+    assert config.env == "dev"

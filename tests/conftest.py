@@ -1,0 +1,101 @@
+"""Shared fixtures: synthesize an app variant once per session and read its assembly."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
+
+# Variants the security gate and the template tests cover: every profile, EFA FSx, and the
+# reservation-based capacity modes.
+VARIANTS: dict[str, dict[str, str]] = {
+    "dev": {},
+    "prod": {"env": "prod"},
+    "preview": {"preview": "alpha", "ttl_hours": "24"},
+    "efa-fsx": {"efa_fsx": "true", "fsx_storage_gib": "4800", "fsx_throughput_per_tib": "500"},
+    "capacity-block": {
+        "capacity": "capacity-block",
+        "capacity_reservation_id": "cr-0123456789abcdef0",
+        "instance_type": "trn2.48xlarge",
+    },
+}
+
+
+def context_with(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """cdk.json's context (feature flags, AZ cache) plus ``overrides``, as the CDK CLI passes it."""
+    return {**CDK_JSON_CONTEXT, **overrides}
+
+
+@dataclass
+class Synth:
+    """One synthesized app: its directory, templates by stack name and the validation report."""
+
+    outdir: Path
+    app: Any
+    platform: Any
+    templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return json.loads((self.outdir / "validation-report.json").read_text())
+
+    def template(self, suffix: str) -> dict[str, Any]:
+        (name,) = [n for n in self.templates if n.endswith(f"-{suffix}")]
+        return self.templates[name]
+
+    def resources(self, suffix: str, resource_type: str) -> dict[str, dict[str, Any]]:
+        return {
+            logical_id: resource
+            for logical_id, resource in self.template(suffix)["Resources"].items()
+            if resource["Type"] == resource_type
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads((self.outdir / "manifest.json").read_text())
+
+
+def synthesize(overrides: Mapping[str, Any], outdir: Path) -> Synth:
+    from app import build_app
+
+    app, platform = build_app(context_with(overrides), outdir=str(outdir))
+    app.synth()
+    synth = Synth(outdir=outdir, app=app, platform=platform)
+    for path in sorted(outdir.glob("*.template.json")):
+        synth.templates[path.name.removesuffix(".template.json")] = json.loads(path.read_text())
+    return synth
+
+
+@pytest.fixture(scope="session")
+def synth_variant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Synth]]:
+    cache: dict[str, Synth] = {}
+
+    def get(name: str) -> Synth:
+        if name not in cache:
+            cache[name] = synthesize(VARIANTS[name], tmp_path_factory.mktemp(f"cdk-{name}"))
+        return cache[name]
+
+    yield get
+
+
+@pytest.fixture(scope="session")
+def dev(synth_variant: Callable[[str], Synth]) -> Synth:
+    return synth_variant("dev")
+
+
+@pytest.fixture(scope="session")
+def prod(synth_variant: Callable[[str], Synth]) -> Synth:
+    return synth_variant("prod")

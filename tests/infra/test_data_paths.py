@@ -1,0 +1,240 @@
+from collections.abc import Callable
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+
+from constructs_lib import TrainingDataPaths, TrainingDataPathsProps
+from tests.conftest import Synth
+
+
+def buckets(synth: Synth) -> dict[str, dict[str, Any]]:
+    """Buckets keyed by their construct id (Datasets, Checkpoints, CompileCache, AccessLogs)."""
+    found = {}
+    for logical_id, resource in synth.resources("data", "AWS::S3::Bucket").items():
+        for name in ("Datasets", "Checkpoints", "CompileCache", "AccessLogs"):
+            if logical_id.startswith(f"DataPaths{name}"):
+                found[name] = resource
+    assert len(found) == 4
+    return found
+
+
+def rules(bucket: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["Id"]: r for r in bucket["Properties"]["LifecycleConfiguration"]["Rules"]}
+
+
+def test_every_bucket_blocks_public_access_and_is_encrypted(dev: Synth) -> None:
+    for name, bucket in buckets(dev).items():
+        props = bucket["Properties"]
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }, name
+        (encryption,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+        algorithm = encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"]
+        assert algorithm == ("AES256" if name == "AccessLogs" else "aws:kms"), name
+
+
+def test_data_buckets_use_the_data_key_with_bucket_keys(dev: Synth) -> None:
+    (key_id,) = dev.resources("data", "AWS::KMS::Key")
+    for name, bucket in buckets(dev).items():
+        if name == "AccessLogs":
+            continue
+        (encryption,) = bucket["Properties"]["BucketEncryption"][
+            "ServerSideEncryptionConfiguration"
+        ]
+        assert encryption["BucketKeyEnabled"] is True
+        key_ref = encryption["ServerSideEncryptionByDefault"]["KMSMasterKeyID"]
+        assert key_ref == {"Fn::GetAtt": [key_id, "Arn"]}
+
+
+def test_every_bucket_policy_denies_plain_http(dev: Synth) -> None:
+    policies = dev.resources("data", "AWS::S3::BucketPolicy").values()
+    assert len(policies) == 4
+    for policy in policies:
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert any(
+            s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+            for s in statements
+        )
+
+
+def test_every_data_bucket_logs_to_the_access_log_bucket(dev: Synth) -> None:
+    found = buckets(dev)
+    (log_id,) = [
+        i for i in dev.resources("data", "AWS::S3::Bucket") if i.startswith("DataPathsAccessLogs")
+    ]
+    for name, bucket in found.items():
+        if name == "AccessLogs":
+            assert "LoggingConfiguration" not in bucket["Properties"]
+            continue
+        logging = bucket["Properties"]["LoggingConfiguration"]
+        assert logging["DestinationBucketName"] == {"Ref": log_id}
+
+
+def test_versioning_protects_datasets_and_checkpoints_not_the_cache(dev: Synth) -> None:
+    found = buckets(dev)
+    for name in ("Datasets", "Checkpoints", "AccessLogs"):
+        assert found[name]["Properties"]["VersioningConfiguration"] == {"Status": "Enabled"}
+    assert "VersioningConfiguration" not in found["CompileCache"]["Properties"]
+
+
+def test_lifecycle_rules(dev: Synth) -> None:
+    found = buckets(dev)
+    checkpoints = rules(found["Checkpoints"])
+    assert checkpoints["expire-old-versions"]["NoncurrentVersionExpiration"] == {
+        "NoncurrentDays": 14
+    }
+    assert checkpoints["tier-old-checkpoints"]["Transitions"] == [
+        {"StorageClass": "INTELLIGENT_TIERING", "TransitionInDays": 30}
+    ]
+    assert rules(found["CompileCache"])["expire-stale-cache"]["ExpirationInDays"] == 90
+    assert rules(found["AccessLogs"])["expire-logs"]["ExpirationInDays"] == 365
+    for name in ("Datasets", "Checkpoints", "CompileCache"):
+        abort = rules(found[name])["abort-incomplete-uploads"]
+        assert abort["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+
+
+def file_system(synth: Synth) -> dict[str, Any]:
+    (fs,) = synth.resources("data", "AWS::FSx::FileSystem").values()
+    return fs
+
+
+def test_fsx_is_persistent_2_lz4_kms_in_the_trn_az(dev: Synth) -> None:
+    fs = file_system(dev)
+    props = fs["Properties"]
+    lustre = props["LustreConfiguration"]
+    assert props["FileSystemType"] == "LUSTRE" and props["FileSystemTypeVersion"] == "2.15"
+    assert lustre["DeploymentType"] == "PERSISTENT_2"
+    assert lustre["DataCompressionType"] == "LZ4"
+    assert lustre["PerUnitStorageThroughput"] == 125
+    assert lustre["MetadataConfiguration"] == {"Mode": "AUTOMATIC"}
+    assert "EfaEnabled" not in lustre
+    assert props["StorageCapacity"] == 1200
+    assert "KmsKeyId" in props
+    (subnet,) = props["SubnetIds"]
+    trn_subnet = dev.platform.network.network.trn_subnet
+    assert trn_subnet.availability_zone == "us-east-2a"
+    assert "Fn::ImportValue" in subnet
+
+
+def test_fsx_sizes_follow_the_profile(prod: Synth) -> None:
+    props = file_system(prod)["Properties"]
+    assert props["StorageCapacity"] == 4800
+    assert props["LustreConfiguration"]["PerUnitStorageThroughput"] == 250
+
+
+def lustre_group_rules(synth: Synth) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    (group,) = synth.resources("data", "AWS::EC2::SecurityGroup").values()
+    ingress = list(group["Properties"].get("SecurityGroupIngress", []))
+    egress = [e for e in group["Properties"].get("SecurityGroupEgress", [])]
+    for r in synth.resources("data", "AWS::EC2::SecurityGroupIngress").values():
+        ingress.append(r["Properties"])
+    for r in synth.resources("data", "AWS::EC2::SecurityGroupEgress").values():
+        egress.append(r["Properties"])
+    return ingress, egress
+
+
+def test_lustre_ports_open_to_the_vpc_and_between_servers(dev: Synth) -> None:
+    ingress, egress = lustre_group_rules(dev)
+    from_vpc = {(r["FromPort"], r["ToPort"]) for r in ingress if r.get("CidrIp") == "10.64.0.0/16"}
+    from_self = {(r["FromPort"], r["ToPort"]) for r in ingress if "SourceSecurityGroupId" in r}
+    to_self = {(r["FromPort"], r["ToPort"]) for r in egress if "DestinationSecurityGroupId" in r}
+    assert from_vpc == to_self == {(988, 988), (1018, 1023)}
+    assert from_self == {(988, 1023)}
+    assert not any(r.get("CidrIp") == "0.0.0.0/0" for r in ingress + egress)
+
+
+def test_efa_fsx_enables_efa_and_opens_the_group_to_itself(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    efa = synth_variant("efa-fsx")
+    lustre = file_system(efa)["Properties"]["LustreConfiguration"]
+    assert lustre["EfaEnabled"] is True
+    assert lustre["MetadataConfiguration"] == {"Mode": "AUTOMATIC"}
+    assert lustre["PerUnitStorageThroughput"] == 500
+    ingress, egress = lustre_group_rules(efa)
+    assert any(r["IpProtocol"] == "-1" and "SourceSecurityGroupId" in r for r in ingress)
+    assert any(r["IpProtocol"] == "-1" and "DestinationSecurityGroupId" in r for r in egress)
+
+
+def test_data_repository_associations(dev: Synth) -> None:
+    associations = {
+        r["Properties"]["FileSystemPath"]: r["Properties"]
+        for r in dev.resources("data", "AWS::FSx::DataRepositoryAssociation").values()
+    }
+    events = ["NEW", "CHANGED", "DELETED"]
+    datasets, checkpoints = associations["/datasets"], associations["/checkpoints"]
+    assert datasets["S3"] == {"AutoImportPolicy": {"Events": events}}
+    assert datasets["BatchImportMetaDataOnCreate"] is True
+    assert checkpoints["S3"] == {"AutoExportPolicy": {"Events": events}}
+    found = buckets(dev)
+    for props, name in ((datasets, "Datasets"), (checkpoints, "Checkpoints")):
+        (bucket_id,) = [
+            i for i, b in dev.resources("data", "AWS::S3::Bucket").items() if b is found[name]
+        ]
+        assert props["DataRepositoryPath"] == {"Fn::Join": ["", ["s3://", {"Ref": bucket_id}]]}
+
+
+def test_wildcard_key_principals_are_pinned_to_the_fsx_role(dev: Synth) -> None:
+    (key,) = dev.resources("data", "AWS::KMS::Key").values()
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    wildcard = [s for s in statements if s["Principal"] == {"AWS": "*"}]
+    assert len(wildcard) == 1
+    conditions = wildcard[0]["Condition"]
+    assert conditions["StringEquals"]["aws:PrincipalAccount"] == "123456789012"
+    assert conditions["StringEquals"]["kms:ViaService"] == "s3.us-east-2.amazonaws.com"
+    principal_arn = str(conditions["ArnLike"]["aws:PrincipalArn"])
+    assert "s3.data-source.lustre.fsx.amazonaws.com/" in principal_arn
+
+
+def test_removal_and_termination_protection_per_profile(dev: Synth, prod: Synth) -> None:
+    stateful = ("AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::KMS::Key")
+    for synth, policy in ((dev, "Delete"), (prod, "Retain")):
+        for resource_type in stateful:
+            for resource in synth.resources("data", resource_type).values():
+                assert resource["DeletionPolicy"] == policy, resource_type
+                assert resource["UpdateReplacePolicy"] == policy, resource_type
+    assert len(dev.resources("data", "Custom::S3AutoDeleteObjects")) == 4
+    assert not prod.resources("data", "Custom::S3AutoDeleteObjects")
+    assert prod.platform.data.termination_protection is True
+    assert prod.platform.network.termination_protection is True
+    assert dev.platform.data.termination_protection is False
+
+
+def data_paths(**overrides: Any) -> TrainingDataPaths:
+    stack = cdk.Stack(
+        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
+    props: dict[str, Any] = {
+        "vpc": vpc,
+        "fsx_subnet": vpc.private_subnets[0],
+        "lustre_clients": ec2.Peer.ipv4("10.0.0.0/16"),
+        **overrides,
+    }
+    return TrainingDataPaths(stack, "D", props=TrainingDataPathsProps(**props))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"fsx_storage_gib": 1000}, r"fsx_storage_gib 1000 is not allowed; PERSISTENT_2 storage"),
+        ({"fsx_storage_gib": 3600}, r"fsx_storage_gib 3600 is not allowed; .*multiple of 2400"),
+        ({"fsx_throughput_per_tib": 50}, r"fsx_throughput_per_tib 50 is not allowed; .*125, 250"),
+        ({"checkpoint_noncurrent_days": 0}, r"checkpoint_noncurrent_days 0 is not allowed"),
+        ({"compile_cache_expiry_days": -1}, r"compile_cache_expiry_days -1 is not allowed"),
+    ],
+)
+def test_construct_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        data_paths(**overrides)
+
+
+def test_construct_exposes_the_compile_cache_url() -> None:
+    built = data_paths()
+    assert built.compile_cache_url.startswith("s3://")
+    assert built.compile_cache_url.endswith("/neuron-compile-cache")
