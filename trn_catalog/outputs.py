@@ -1,0 +1,61 @@
+"""The contract between the deployed platform and its tools: one SSM parameter per environment.
+
+The cluster stack writes :class:`EnvironmentOutputs` as JSON to :func:`parameter_name`; the ops CLI
+reads it to find an environment by name (``trn-dev``, ``trn-prod``, ``trn-pv-<project>``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+PARAMETER_PREFIX = "/trn-platform"
+
+
+def parameter_name(environment: str) -> str:
+    """The SSM parameter holding an environment's outputs, e.g. ``/trn-platform/trn-dev/outputs``."""
+    return f"{PARAMETER_PREFIX}/{environment}/outputs"
+
+
+@dataclass(frozen=True)
+class EnvironmentOutputs:
+    """What tools need to use one deployed environment."""
+
+    environment: str
+    region: str
+    cluster_name: str
+    node_role_arn: str
+    fsx_file_system_id: str
+    fsx_mount_name: str
+    fsx_dns_name: str
+    datasets_bucket: str
+    checkpoints_bucket: str
+    compile_cache_url: str
+    image_uri: str
+    namespace: str
+    service_account: str
+    instance_type: str
+    trn_nodes: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> EnvironmentOutputs:
+        """Parse the parameter's value.
+
+        Raises:
+            ValueError: not a JSON object, or keys missing (the message names them).
+        """
+        try:
+            data: Any = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"environment outputs are not JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError("environment outputs must be a JSON object")
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ValueError(f"environment outputs lack keys: {', '.join(missing)}")
+        return cls(**{name: data[name] for name in names})

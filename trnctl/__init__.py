@@ -1,0 +1,1 @@
+"""trnctl: the ops CLI for a deployed Trainium training platform."""
