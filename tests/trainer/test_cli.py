@@ -1,0 +1,45 @@
+from pathlib import Path
+
+import pytest
+from trainer import cli, metrics
+
+
+def test_prepare_data_then_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello trainium " * 200)
+    assert (
+        cli.main(
+            [
+                "prepare-data",
+                "--out",
+                str(tmp_path / "d"),
+                "--corpus",
+                str(corpus),
+                "--shard-tokens",
+                "1000",
+            ]
+        )
+        == 0
+    )
+    assert "wrote 3 shards, 3000 tokens" in capsys.readouterr().out
+
+    log = metrics.MetricsLog(str(tmp_path / "m.jsonl"), total_steps=3, progress=False)
+    for step in (1, 2, 3):
+        log.write({"step": step, "loss": 3.0 / step, "lr": 1e-3, "tokens_per_s": 1000.0 * step})
+    log.close()
+    assert cli.main(["report", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_metrics_read_keeps_the_last_record_of_a_repeated_step(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "loss": 5}\n{"step": 2, "loss": 4}\n{"step": 2, "loss": 3.5}\n')
+    assert [r["loss"] for r in metrics.read(path)] == [5, 3.5]
+
+
+def test_run_validates_before_training(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="checkpoint_every needs checkpoint_dir"):
+        cli.main(["run", "--data", str(tmp_path), "--checkpoint-every", "5"])
+    with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
+        cli.main(["run", "--data", str(tmp_path), "--max-steps", "0"])
