@@ -1,0 +1,139 @@
+"""Fixtures for trnctl: a fake AWS environment, moto, a CLI runner and a per-operation Stubber."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from trnctl.cli import app
+
+REGION = "us-east-2"
+_AWS_VARIABLES = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+
+
+@pytest.fixture(autouse=True)
+def fake_aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials and no config files, so that nothing can reach real AWS."""
+    for name in _AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # Wide enough that rich never wraps a table cell that a test looks for.
+    monkeypatch.setenv("COLUMNS", "400")
+
+
+@pytest.fixture
+def moto() -> Iterator[None]:
+    with mock_aws():
+        yield
+
+
+@dataclass
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def trnctl() -> Any:
+    """Runs the CLI in-process: ``trnctl("preflight", "--az", ...)`` returns a :class:`Run`."""
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Run:
+        result = runner.invoke(app, list(args), catch_exceptions=False)
+        return Run(result.exit_code, result.stdout, result.stderr)
+
+    return invoke
+
+
+class OperationStubber(Stubber):
+    """A Stubber that answers only the named operations of its client; other calls go on (to
+    moto). botocore's Stubber answers every call of a client, but one EC2 client makes calls that
+    moto implements (instance type offerings) and calls that it lacks (capacity reservations).
+    It hooks the same handlers as ``Stubber.activate``, per operation instead of ``*.*``."""
+
+    def __init__(self, client: Any, *operations: str) -> None:
+        super().__init__(client)
+        service = client.meta.service_model.service_id.hyphenize()
+        self._names = [f"{service}.{operation}" for operation in operations]
+
+    def activate(self) -> None:
+        events = self.client.meta.events
+        for name in self._names:
+            events.register_first(
+                f"before-parameter-build.{name}",
+                self._assert_expected_params,
+                unique_id=f"{self._expected_params_event_id}-{name}",
+            )
+            events.register(
+                f"before-call.{name}",
+                self._get_response_handler,
+                unique_id=f"{self._event_id}-{name}",
+            )
+
+    def deactivate(self) -> None:
+        events = self.client.meta.events
+        for name in self._names:
+            events.unregister(
+                f"before-parameter-build.{name}",
+                unique_id=f"{self._expected_params_event_id}-{name}",
+            )
+            events.unregister(f"before-call.{name}", unique_id=f"{self._event_id}-{name}")
+
+
+@pytest.fixture
+def clients(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Makes ``trnctl.aws.client`` hand out one client per (service, region), so that a test can
+    attach a Stubber to the very client that a command will use: ``clients("ec2")``."""
+    import trnctl.aws
+
+    made: dict[tuple[str, str | None], Any] = {}
+    real = trnctl.aws.client
+
+    def client(service: str, region: str | None = None) -> Any:
+        key = (service, region or REGION)
+        if key not in made:
+            made[key] = real(service, region)
+        return made[key]
+
+    monkeypatch.setattr(trnctl.aws, "client", client)
+    return client
+
+
+@pytest.fixture
+def stub() -> Any:
+    """``stub(client, "DescribeCapacityReservations", ...)``: an active :class:`OperationStubber`
+    (``stub(client)`` stubs every operation, as a plain Stubber does)."""
+    active: list[Stubber] = []
+
+    def make(client: Any, *operations: str) -> Stubber:
+        stubber = OperationStubber(client, *operations) if operations else Stubber(client)
+        stubber.activate()
+        active.append(stubber)
+        return stubber
+
+    yield make
+    for stubber in active:
+        stubber.deactivate()

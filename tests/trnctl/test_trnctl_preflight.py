@@ -1,0 +1,321 @@
+"""trnctl preflight: moto answers offerings and instance types, Stubbers the quota and the
+capacity reservations (moto implements neither)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import trn_catalog
+from trnctl import preflight
+
+pytestmark = pytest.mark.usefixtures("moto")
+
+QUOTA = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
+
+
+def quota_response(value: float) -> dict[str, Any]:
+    return {
+        "Quota": {
+            "ServiceCode": "ec2",
+            "QuotaCode": "L-2C3B7624",
+            "QuotaName": "Running On-Demand Trn instances",
+            "Value": value,
+        }
+    }
+
+
+def reservation(
+    reservation_id: str = "cr-0123456789abcdef0",
+    *,
+    available: int = 2,
+    state: str = "active",
+    kind: str = "capacity-block",
+) -> dict[str, Any]:
+    return {
+        "CapacityReservationId": reservation_id,
+        "InstanceType": "trn2.48xlarge",
+        "AvailabilityZone": "us-east-2a",
+        "TotalInstanceCount": 4,
+        "AvailableInstanceCount": available,
+        "State": state,
+        "ReservationType": kind,
+        "StartDate": datetime(2026, 12, 1, 11, 30, tzinfo=UTC),
+    }
+
+
+@pytest.fixture
+def aws(clients: Any, stub: Any) -> Any:
+    """Queue the quota and reservation answers; everything else on EC2 goes to moto."""
+
+    def setup(
+        *,
+        quota: float = 384,
+        reservations: list[dict[str, Any]] | None = None,
+        az: str = "us-east-2a",
+    ) -> tuple[Any, Any]:
+        quotas = stub(clients("service-quotas"))
+        quotas.add_response("get_service_quota", quota_response(quota), QUOTA)
+        ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+        ec2.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": reservations or []},
+            {
+                "Filters": [
+                    {"Name": "instance-type", "Values": ["trn2.48xlarge"]},
+                    {"Name": "availability-zone", "Values": [az]},
+                    {"Name": "state", "Values": ["active", "scheduled"]},
+                ]
+            },
+        )
+        return quotas, ec2
+
+    return setup
+
+
+def rows(stdout: str) -> dict[str, str]:
+    """Each table line keyed by the check name it starts with."""
+    names = (
+        "catalog",
+        "offered in AZ",
+        "EC2 knows type",
+        "EFA support",
+        "EFA interfaces",
+        "network cards",
+        "On-Demand vCPU quota",
+        "capacity reservations",
+    )
+    found = {}
+    for line in stdout.splitlines():
+        cell = line.strip("│┃ ").split("│")[0].strip()
+        if cell in names:
+            found[cell] = line
+    return found
+
+
+def test_all_checks_pass_with_a_usable_capacity_block(trnctl: Any, aws: Any) -> None:
+    quotas, ec2 = aws(reservations=[reservation()])
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 0, run.stdout + run.stderr
+    table = rows(run.stdout)
+    assert set(table) == {
+        "catalog",
+        "offered in AZ",
+        "EFA support",
+        "EFA interfaces",
+        "network cards",
+        "On-Demand vCPU quota",
+        "capacity reservations",
+    }
+    assert all("PASS" in line for line in table.values())
+    assert "EC2: 16, catalog: 16" in table["EFA interfaces"]
+    assert "2 x 192 = 384 needed" in table["On-Demand vCPU quota"]
+    assert "L-2C3B7624 'Running On-Demand Trn instances'" in table["On-Demand vCPU quota"]
+    assert (
+        "-c capacity=capacity-block -c capacity_reservation_id=cr-0123456789abcdef0"
+        in table["capacity reservations"]
+    )
+    quotas.assert_no_pending_responses()
+    ec2.assert_no_pending_responses()
+
+
+def test_zone_without_the_type_fails_and_names_the_zones_that_offer_it(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    quotas = stub(clients("service-quotas"))
+    quotas.add_response("get_service_quota", quota_response(1024), QUOTA)
+    ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": []})
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn1.32xlarge", "--count", "1"
+    )
+
+    assert run.exit_code == 1
+    line = rows(run.stdout)["offered in AZ"]
+    assert "FAIL" in line
+    assert "trn1.32xlarge is not offered in us-east-2a" in line
+    # moto's offering data puts trn1.32xlarge in us-east-2c only.
+    assert "use one of us-east-2c" in line
+
+
+def test_quota_below_the_request_fails_with_the_increase_command(trnctl: Any, aws: Any) -> None:
+    aws(quota=192)
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 1
+    line = rows(run.stdout)["On-Demand vCPU quota"]
+    assert "FAIL" in line
+    assert (
+        "aws service-quotas request-service-quota-increase --region us-east-2 "
+        "--service-code ec2 --quota-code L-2C3B7624 --desired-value 384"
+    ) in line
+
+
+def test_no_reservation_is_a_warning_that_points_to_capacity_find(trnctl: Any, aws: Any) -> None:
+    aws(
+        reservations=[
+            reservation(available=1),
+            reservation("cr-0fedcba9876543210", state="scheduled"),
+        ]
+    )
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 0
+    line = rows(run.stdout)["capacity reservations"]
+    assert "WARN" in line
+    assert "cr-0123456789abcdef0 capacity-block active 1/4 free" in line
+    assert "cr-0fedcba9876543210 capacity-block scheduled" in line
+    assert "trnctl capacity find --instance-type trn2.48xlarge --count 2 --days 1" in line
+
+
+def test_quota_falls_back_to_the_aws_default_when_none_is_applied(clients: Any, stub: Any) -> None:
+    quotas = stub(clients("service-quotas"))
+    quotas.add_client_error("get_service_quota", "NoSuchResourceException", "no applied quota")
+    quotas.add_response("get_aws_default_service_quota", quota_response(0), QUOTA)
+    request = preflight.Request("us-east-2", "us-east-2a", "trn2.48xlarge", 1)
+
+    check = preflight.check_quota(clients("service-quotas"), request, 192)
+
+    assert check.status is preflight.Status.FAIL
+    assert "= 0 vCPUs" in check.detail
+    quotas.assert_no_pending_responses()
+
+
+def test_type_unknown_to_ec2_fails_and_sizes_the_quota_from_the_catalog(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    quotas = stub(clients("service-quotas"))
+    quotas.add_response("get_service_quota", quota_response(384), QUOTA)
+    ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": []})
+
+    # moto, like an account where the name is wrong, does not know trn3.48xlarge.
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn3.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 1
+    table = rows(run.stdout)
+    assert "EC2 in us-east-2 does not know trn3.48xlarge" in table["EC2 knows type"]
+    assert "unverified: " in table["catalog"]
+    assert "2 x 192 = 384 needed" in table["On-Demand vCPU quota"]
+    assert "offered in no zone of us-east-2" in table["offered in AZ"]
+
+
+def test_type_missing_from_the_catalog_fails_the_catalog_check() -> None:
+    check, spec = preflight.check_catalog("trn3p.48xlarge")
+
+    assert spec is None
+    assert check.status is preflight.Status.FAIL
+    assert "'trn3p.48xlarge' is not in the instance catalog" in check.detail
+    assert "trn_catalog/instances.py" in check.fix
+
+
+@pytest.mark.parametrize(
+    ("network", "failing"),
+    [
+        (
+            {
+                "EfaSupported": True,
+                "EfaInfo": {"MaximumEfaInterfaces": 8},
+                "MaximumNetworkCards": 16,
+            },
+            {"EFA interfaces"},
+        ),
+        (
+            {
+                "EfaSupported": True,
+                "EfaInfo": {"MaximumEfaInterfaces": 16},
+                "MaximumNetworkCards": 8,
+            },
+            {"network cards"},
+        ),
+        ({"EfaSupported": False, "MaximumNetworkCards": 16}, {"EFA support", "EFA interfaces"}),
+    ],
+)
+def test_network_layout_differing_from_the_catalog_fails(
+    network: dict[str, Any], failing: set[str]
+) -> None:
+    request = preflight.Request("us-east-2", "us-east-2a", "trn2.48xlarge", 2)
+    described = {"InstanceType": "trn2.48xlarge", "NetworkInfo": network}
+
+    checks = preflight.check_network(described, trn_catalog.get("trn2.48xlarge"), request)
+
+    assert {c.name for c in checks if c.status is preflight.Status.FAIL} == failing
+    for check in checks:
+        if check.name == "EFA interfaces" and check.status is preflight.Status.FAIL:
+            assert "set efa_interfaces=" in check.fix
+            assert "for trn2.48xlarge in trn_catalog/instances.py" in check.fix
+
+
+def test_zone_outside_the_region_is_a_usage_error(trnctl: Any) -> None:
+    run = trnctl(
+        "preflight",
+        "--region",
+        "us-east-2",
+        "--az",
+        "us-west-2a",
+        "--instance-type",
+        "trn2.48xlarge",
+        "--count",
+        "1",
+    )
+
+    assert run.exit_code == 2
+    assert run.stderr == (
+        "trnctl: --az 'us-west-2a' is not an availability zone of region 'us-east-2' "
+        "(expected a name such as us-east-2a)\n"
+    )
+
+
+def test_access_denied_on_quotas_is_one_line_and_exit_3(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    quotas = stub(clients("service-quotas"))
+    quotas.add_client_error(
+        "get_service_quota", "AccessDeniedException", "User is not authorized", 400
+    )
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "1"
+    )
+
+    assert run.exit_code == 3
+    assert run.stdout == ""
+    assert run.stderr.startswith(
+        "trnctl: access denied calling GetServiceQuota (AccessDeniedException): "
+        "User is not authorized;"
+    )
+    assert run.stderr.count("\n") == 1
+
+
+def test_throttling_is_one_line_and_exit_3(trnctl: Any, clients: Any, stub: Any) -> None:
+    quotas = stub(clients("service-quotas"))
+    quotas.add_response("get_service_quota", quota_response(384), QUOTA)
+    ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+    ec2.add_client_error(
+        "describe_capacity_reservations", "RequestLimitExceeded", "Rate exceeded", 503
+    )
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "1"
+    )
+
+    assert run.exit_code == 3
+    assert run.stderr == (
+        "trnctl: AWS throttled DescribeCapacityReservations (RequestLimitExceeded) and adaptive "
+        "retries gave up: wait a minute and run the command again\n"
+    )

@@ -1,0 +1,275 @@
+"""Preflight: can this account launch ``count`` instances of a type in one availability zone?
+
+Each check returns a :class:`Check` with a concrete fix when it fails. The catalog
+(:mod:`trn_catalog`) says what the platform expects of the type; EC2 and Service Quotas say what
+the account in that region actually has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import trn_catalog
+from trn_catalog import InstanceSpec
+
+# "Running On-Demand Trn instances", counted in vCPUs. The code is the one public infrastructure
+# repositories use (docs/platform-facts.md, "Deployment pins"); no AWS page lists it, so the
+# check prints the quota name that Service Quotas returns for it.
+TRN_ON_DEMAND_QUOTA_CODE = "L-2C3B7624"
+TRN_ON_DEMAND_QUOTA_NAME = "Running On-Demand Trn instances"
+QUOTA_SOURCE = "quota code from public infrastructure repos (no AWS page found)"
+
+
+class Status(StrEnum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One preflight result; ``fix`` says what to do when ``status`` is not PASS."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    region: str
+    availability_zone: str
+    instance_type: str
+    count: int
+
+
+def check_catalog(instance_type: str) -> tuple[Check, InstanceSpec | None]:
+    """Whether the catalog lists the type (the platform cannot deploy a type it does not know)."""
+    try:
+        spec = trn_catalog.get(instance_type)
+    except trn_catalog.UnknownInstanceTypeError as error:
+        return (
+            Check(
+                "catalog",
+                Status.FAIL,
+                str(error),
+                "add the type with its sources to trn_catalog/instances.py, or pick a listed type",
+            ),
+            None,
+        )
+    note = f"; unverified: {', '.join(sorted(spec.unverified))}" if spec.unverified else ""
+    return Check("catalog", Status.PASS, f"{instance_type} is in the catalog{note}"), spec
+
+
+def check_offering(ec2: Any, request: Request) -> Check:
+    """Whether EC2 offers the type in the availability zone; the fix names the zones that do."""
+    type_filter = {"Name": "instance-type", "Values": [request.instance_type]}
+    offered = _offerings(ec2, [type_filter])
+    if request.availability_zone in offered:
+        return Check(
+            "offered in AZ",
+            Status.PASS,
+            f"{request.instance_type} is offered in {request.availability_zone}",
+        )
+    if offered:
+        fix = (
+            f"use one of {', '.join(sorted(offered))} "
+            f"(--az here, -c availability_zone=... at deploy)"
+        )
+    else:
+        fix = (
+            f"{request.instance_type} is offered in no zone of {request.region}; try another region"
+        )
+    return Check(
+        "offered in AZ",
+        Status.FAIL,
+        f"{request.instance_type} is not offered in {request.availability_zone}",
+        fix,
+    )
+
+
+def _offerings(ec2: Any, filters: list[dict[str, Any]]) -> set[str]:
+    paginator = ec2.get_paginator("describe_instance_type_offerings")
+    pages = paginator.paginate(LocationType="availability-zone", Filters=filters)
+    return {o["Location"] for page in pages for o in page["InstanceTypeOfferings"]}
+
+
+def describe_type(ec2: Any, instance_type: str) -> dict[str, Any] | None:
+    """EC2's description of the type in the client's region, or None when EC2 does not know it."""
+    try:
+        types = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+    except ec2.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "InvalidInstanceType":
+            return None
+        raise
+    return types[0] if types else None
+
+
+def check_network(
+    described: dict[str, Any] | None, spec: InstanceSpec | None, request: Request
+) -> list[Check]:
+    """EFA support, EFA interface count and network card count against the catalog.
+
+    The catalog's counts become the node group's launch template, so a mismatch means nodes
+    whose EFA interfaces are missing or unused.
+    """
+    if described is None:
+        return [
+            Check(
+                "EC2 knows type",
+                Status.FAIL,
+                f"EC2 in {request.region} does not know {request.instance_type}",
+                "check the type name (the catalog marks unconfirmed names as unverified) and "
+                "the region",
+            )
+        ]
+    network = described.get("NetworkInfo", {})
+    efa_supported = bool(network.get("EfaSupported"))
+    efa_interfaces = int(network.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0))
+    cards = int(network.get("MaximumNetworkCards", 1))
+    checks = [
+        Check(
+            "EFA support",
+            Status.PASS if efa_supported else Status.FAIL,
+            f"EfaSupported={efa_supported}",
+            "" if efa_supported else "multi-node training needs an EFA-capable type",
+        )
+    ]
+    if spec is None:
+        return checks
+    checks.append(
+        _compare(
+            "EFA interfaces",
+            efa_interfaces,
+            spec.efa_interfaces,
+            spec,
+            "efa_interfaces",
+            request,
+        )
+    )
+    checks.append(
+        _compare("network cards", cards, spec.network_cards, spec, "network_cards", request)
+    )
+    return checks
+
+
+def _compare(
+    name: str, actual: int, expected: int, spec: InstanceSpec, fact: str, request: Request
+) -> Check:
+    unverified = " (catalog value unverified)" if fact in spec.unverified else ""
+    detail = f"EC2: {actual}, catalog: {expected}{unverified}"
+    if actual == expected:
+        return Check(name, Status.PASS, detail)
+    return Check(
+        name,
+        Status.FAIL,
+        detail,
+        f"set {fact}={actual} for {spec.name} in trn_catalog/instances.py, citing "
+        f"ec2:DescribeInstanceTypes in {request.region}",
+    )
+
+
+def vcpus_of(described: dict[str, Any] | None, spec: InstanceSpec | None) -> int | None:
+    """The type's vCPUs: EC2's figure when it has one, else the catalog's, else None."""
+    if described is not None:
+        return int(described["VCpuInfo"]["DefaultVCpus"])
+    return spec.vcpus if spec is not None else None
+
+
+def check_quota(quotas: Any, request: Request, vcpus: int | None) -> Check:
+    """The account's Trn On-Demand vCPU quota against ``count`` instances of ``vcpus`` each.
+
+    Falls back to the AWS default value when the account has no applied value.
+    """
+    code = TRN_ON_DEMAND_QUOTA_CODE
+    try:
+        quota = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+    except quotas.exceptions.NoSuchResourceException:
+        quota = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+    limit = int(quota["Value"])
+    label = f"{code} {quota.get('QuotaName', TRN_ON_DEMAND_QUOTA_NAME)!r}"
+    if vcpus is None:
+        return Check(
+            "On-Demand vCPU quota",
+            Status.WARN,
+            f"{label} = {limit} vCPUs; vCPUs per instance unknown",
+            "confirm the type name, then rerun",
+        )
+    needed = vcpus * request.count
+    detail = (
+        f"{label} = {limit} vCPUs; {request.count} x {vcpus} = {needed} needed "
+        f"(running Trn instances use the same quota; {QUOTA_SOURCE})"
+    )
+    if limit >= needed:
+        return Check("On-Demand vCPU quota", Status.PASS, detail)
+    return Check(
+        "On-Demand vCPU quota",
+        Status.FAIL,
+        detail,
+        f"aws service-quotas request-service-quota-increase --region {request.region} "
+        f"--service-code ec2 --quota-code {code} --desired-value {needed}",
+    )
+
+
+def check_reservations(ec2: Any, request: Request) -> Check:
+    """Active or scheduled capacity reservations (ODCRs and Capacity Blocks) for the type in the
+    zone. A WARN, not a FAIL, when none covers ``count``: On-Demand capacity may still suffice."""
+    paginator = ec2.get_paginator("describe_capacity_reservations")
+    pages = paginator.paginate(
+        Filters=[
+            {"Name": "instance-type", "Values": [request.instance_type]},
+            {"Name": "availability-zone", "Values": [request.availability_zone]},
+            {"Name": "state", "Values": ["active", "scheduled"]},
+        ]
+    )
+    reservations = [r for page in pages for r in page["CapacityReservations"]]
+    summary = "; ".join(
+        f"{r['CapacityReservationId']} {r.get('ReservationType', 'default')} {r['State']} "
+        f"{r['AvailableInstanceCount']}/{r['TotalInstanceCount']} free"
+        for r in reservations
+    )
+    usable = [
+        r
+        for r in reservations
+        if r["State"] == "active" and r["AvailableInstanceCount"] >= request.count
+    ]
+    if usable:
+        best = usable[0]
+        mode = "capacity-block" if best.get("ReservationType") == "capacity-block" else "odcr"
+        return Check(
+            "capacity reservations",
+            Status.PASS,
+            f"{summary}; deploy with -c capacity={mode} "
+            f"-c capacity_reservation_id={best['CapacityReservationId']}",
+        )
+    return Check(
+        "capacity reservations",
+        Status.WARN,
+        summary or f"none for {request.instance_type} in {request.availability_zone}",
+        f"trnctl capacity find --instance-type {request.instance_type} "
+        f"--count {request.count} --days 1",
+    )
+
+
+def run(ec2: Any, quotas: Any, request: Request) -> list[Check]:
+    """All checks, in the order a reader fixes them.
+
+    Raises:
+        botocore.exceptions.ClientError: an AWS call failed (access denied, throttling).
+    """
+    catalog_check, spec = check_catalog(request.instance_type)
+    described = describe_type(ec2, request.instance_type)
+    return [
+        catalog_check,
+        check_offering(ec2, request),
+        *check_network(described, spec, request),
+        check_quota(quotas, request, vcpus_of(described, spec)),
+        check_reservations(ec2, request),
+    ]
+
+
+def failed(checks: list[Check]) -> bool:
+    return any(c.status is Status.FAIL for c in checks)
