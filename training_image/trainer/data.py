@@ -27,7 +27,7 @@ HEADER = struct.Struct("<8sIIQ8x")
 MANIFEST = "manifest.json"
 BYTE_TOKENIZER = "bytes-v1"
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "corpus"
-_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_DTYPES: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 class ShardError(ValueError):
@@ -38,7 +38,7 @@ class ShardError(ValueError):
         super().__init__(f"shard {shard}: {problem}")
 
 
-def dtype_for_vocab(vocab_size: int) -> np.dtype:
+def dtype_for_vocab(vocab_size: int) -> np.dtype[np.unsignedinteger]:
     """uint16 when every token id fits, else uint32."""
     return _DTYPES[2] if vocab_size <= 1 << 16 else _DTYPES[4]
 

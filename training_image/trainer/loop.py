@@ -90,9 +90,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     )
 
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)
-    flops_per_token = model.flops_per_token()
-    model = parallel.wrap(backend.prepare_model(model), ranks, cfg.parallelism, backend.device)
+    gpt = GPT(cfg.model)
+    flops_per_token = gpt.flops_per_token()
+    model = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend.device)
     forward = backend.compile(model)
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
 
@@ -138,7 +138,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 x, y = next(batches)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
                     loss = forward(x, y) / cfg.grad_accum
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += loss.detach()
             backend.reduce_gradients(optimizer, ranks.world_size)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -62,7 +62,8 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_head
         )
-        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, -1))
+        return out
 
 
 class MLP(nn.Module):
@@ -77,8 +78,11 @@ class MLP(nn.Module):
         h = self.up(x)
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
-            return self.down(F.silu(gate) * up)
-        return self.down(F.gelu(h, approximate="tanh"))
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        out: torch.Tensor = self.down(h)
+        return out
 
 
 class Block(nn.Module):
@@ -92,7 +96,8 @@ class Block(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), rope)
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class GPT(nn.Module):

@@ -126,4 +126,5 @@ def control_group(ranks: Ranks) -> dist.ProcessGroup | None:
     """A gloo group for host-side agreement (stop flags, checkpoint names) whatever the device."""
     if not ranks.distributed:
         return None
-    return dist.new_group(backend="gloo")
+    group: dist.ProcessGroup = dist.new_group(backend="gloo")
+    return group
