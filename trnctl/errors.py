@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from boto3.exceptions import Boto3Error
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -53,6 +54,8 @@ ACCESS_DENIED_CODES = frozenset(
         "ExpiredToken",
         "ExpiredTokenException",
         "InvalidAccessKeyId",
+        # S3 answers HEAD requests without a body, so the code is the bare HTTP status.
+        "403",
     }
 )
 THROTTLING_CODES = frozenset(
@@ -98,7 +101,11 @@ def from_aws(error: Exception) -> TrnctlError | None:
         return TrnctlError(f"AWS operation did not finish: {one_line(str(error))}", ExitCode.FAILED)
     if isinstance(error, ClientError):
         return _from_client_error(error)
-    if isinstance(error, BotoCoreError):
+    # boto3's managed transfers raise S3UploadFailedError while handling the ClientError.
+    cause = error.__cause__ or error.__context__
+    if isinstance(error, Boto3Error) and isinstance(cause, ClientError):
+        return _from_client_error(cause)
+    if isinstance(error, BotoCoreError | Boto3Error):
         return TrnctlError(f"AWS error: {one_line(str(error))}", ExitCode.AWS)
     return None
 

@@ -1,0 +1,217 @@
+"""trnctl data stage against moto's S3, read back with the trainer's own reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainer import data as shard_format
+
+from trnctl import aws, data
+from trnctl.errors import TrnctlError
+
+pytestmark = pytest.mark.usefixtures("moto")
+
+BUCKET = "datasets"
+PART_MIB = 5
+SHARD_TOKENS = 100_000
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Two text files, 161,000 bytes of text: two shards."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.txt").write_bytes(b"the quick brown fox jumps over the lazy dog\n" * 3000)
+    (root / "b.txt").write_text("Ein Wörterbuch, ein Ärger.\n" * 1000, encoding="utf-8")
+    (root / "notes.md").write_text("not staged")
+    return root
+
+
+@pytest.fixture
+def s3() -> Any:
+    client = aws.client("s3")
+    client.create_bucket(
+        Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"}
+    )
+    return client
+
+
+def stage(trnctl: Any, source: Path, dest: str, *extra: str) -> Any:
+    return trnctl(
+        "data",
+        "stage",
+        str(source),
+        dest,
+        "--shard-tokens",
+        str(SHARD_TOKENS),
+        "--part-size-mib",
+        str(PART_MIB),
+        *extra,
+    )
+
+
+def download(s3: Any, prefix: str, into: Path) -> Path:
+    into.mkdir()
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]:
+        s3.download_file(BUCKET, item["Key"], str(into / item["Key"].rsplit("/", 1)[1]))
+    return into
+
+
+def test_stage_uploads_shards_the_trainer_reads_back(
+    trnctl: Any, s3: Any, corpus: Path, tmp_path: Path
+) -> None:
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny/v1")
+
+    assert run.exit_code == 0, run.stderr
+    assert "staged 2 shards" in run.stdout and "uploaded 3, skipped 0" in run.stdout
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert keys == {"tiny/v1/shard_00000.bin", "tiny/v1/shard_00001.bin", "tiny/v1/manifest.json"}
+    dataset = shard_format.open_dataset(download(s3, "tiny/v1/", tmp_path / "back"), verify=True)
+    expected = (corpus / "a.txt").read_bytes() + (corpus / "b.txt").read_bytes()
+    assert dataset.tokenizer == shard_format.BYTE_TOKENIZER
+    assert dataset.num_tokens == len(expected)
+    assert (
+        bytes(dataset.shards[1][-27:].astype("u1")) == "Ein Wörterbuch, ein Ärger.\n".encode()[-27:]
+    )
+
+
+def test_large_shards_go_up_as_multipart_with_their_sha256(
+    trnctl: Any, s3: Any, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"0123456789abcdef" * (200 << 10))  # 3.2 MB: a 6.4 MB uint16 shard
+    stage(trnctl, big, f"s3://{BUCKET}/tiny", "--shard-tokens", str(4 << 20))
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="tiny/manifest.json")["Body"].read())
+
+    head = s3.head_object(Bucket=BUCKET, Key="tiny/shard_00000.bin")
+
+    # A multipart object's ETag ends in "-<parts>": 6.4 MB in 5 MiB parts is two parts.
+    assert head["ETag"].strip('"').endswith("-2")
+    assert head["Metadata"]["sha256"] == manifest["shards"][0]["sha256"]
+
+
+def test_a_rerun_skips_shards_already_uploaded_intact(trnctl: Any, s3: Any, corpus: Path) -> None:
+    stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+    before = s3.head_object(Bucket=BUCKET, Key="tiny/shard_00000.bin")["LastModified"]
+
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+
+    assert run.exit_code == 0, run.stderr
+    assert "uploaded 0, skipped 3 already intact" in run.stdout
+    assert s3.head_object(Bucket=BUCKET, Key="tiny/shard_00000.bin")["LastModified"] == before
+
+
+@pytest.mark.parametrize("same_size", [False, True])
+def test_a_rerun_replaces_a_shard_that_is_not_intact(
+    trnctl: Any, s3: Any, corpus: Path, tmp_path: Path, same_size: bool
+) -> None:
+    stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+    size = s3.head_object(Bucket=BUCKET, Key="tiny/shard_00001.bin")["ContentLength"]
+    # Truncated, or whole-sized without the recorded checksum (a copy made by another tool).
+    body = b"x" * size if same_size else b"truncated"
+    s3.put_object(Bucket=BUCKET, Key="tiny/shard_00001.bin", Body=body)
+
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+
+    assert "uploaded 1, skipped 2" in run.stdout
+    shard_format.open_dataset(download(s3, "tiny/", tmp_path / "back"), verify=True)
+
+
+def test_env_stages_into_the_environments_datasets_bucket(
+    trnctl: Any, s3: Any, corpus: Path
+) -> None:
+    from test_trnctl_aws import OUTPUTS
+
+    outputs = OUTPUTS.to_json().replace("trn-dev-datasets", BUCKET)
+    aws.client("ssm").put_parameter(
+        Name="/trn-platform/trn-dev/outputs", Value=outputs, Type="String"
+    )
+
+    run = stage(trnctl, corpus, "tiny", "--env", "trn-dev")
+
+    assert run.exit_code == 0, run.stderr
+    assert f"at s3://{BUCKET}/tiny/" in run.stdout
+    assert s3.head_object(Bucket=BUCKET, Key="tiny/manifest.json")["ContentLength"] > 0
+
+
+def test_unknown_env_exits_4(trnctl: Any, corpus: Path) -> None:
+    run = stage(trnctl, corpus, "tiny", "--env", "trn-nope")
+
+    assert run.exit_code == 4
+    assert run.stderr == (
+        "trnctl: unknown environment 'trn-nope': SSM parameter /trn-platform/trn-nope/outputs "
+        "does not exist in us-east-2; deploy it, or check --env and the region\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "dest", "message"),
+    [
+        (
+            "corpus",
+            "datasets/tiny",
+            "trnctl: 'datasets/tiny' is not an S3 location; expected s3://BUCKET/PREFIX\n",
+        ),
+        (
+            "corpus",
+            "s3:///tiny",
+            "trnctl: 's3:///tiny' is not an S3 location; expected s3://BUCKET/PREFIX\n",
+        ),
+        ("missing", "s3://datasets/x", "trnctl: source '{root}/missing' does not exist\n"),
+        ("empty", "s3://datasets/x", "trnctl: source directory '{root}/empty' has no .txt files\n"),
+    ],
+)
+def test_bad_source_or_destination_is_a_usage_error(
+    trnctl: Any, corpus: Path, source: str, dest: str, message: str
+) -> None:
+    (corpus.parent / "empty").mkdir()
+
+    run = stage(trnctl, corpus.parent / source, dest)
+
+    assert run.exit_code == 2
+    assert run.stderr == message.format(root=corpus.parent)
+
+
+def test_a_missing_bucket_is_one_line(trnctl: Any, corpus: Path) -> None:
+    run = stage(trnctl, corpus, "s3://no-such-bucket/tiny")
+
+    assert run.exit_code == 3
+    assert run.stderr == (
+        "trnctl: HeadObject failed (NoSuchBucket): The specified bucket does not exist\n"
+    )
+
+
+def test_access_denied_on_s3_is_one_line(
+    trnctl: Any, corpus: Path, clients: Any, stub: Any
+) -> None:
+    stub(clients("s3")).add_client_error("head_object", "403", "Forbidden", 403)
+
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+
+    assert run.exit_code == 3
+    assert run.stderr.startswith("trnctl: access denied calling HeadObject (403): Forbidden;")
+    assert run.stderr.count("\n") == 1
+
+
+def test_access_denied_on_upload_is_one_line(
+    trnctl: Any, s3: Any, corpus: Path, clients: Any, stub: Any
+) -> None:
+    stub(clients("s3"), "PutObject").add_client_error(
+        "put_object", "AccessDenied", "Access Denied", 403
+    )
+
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+
+    assert run.exit_code == 3
+    assert run.stderr.startswith(
+        "trnctl: access denied calling PutObject (AccessDenied): Access Denied;"
+    )
+    assert run.stderr.count("\n") == 1
+
+
+def test_parts_below_the_s3_minimum_are_refused(s3: Any) -> None:
+    with pytest.raises(TrnctlError, match="--part-size-mib 4 is below S3's minimum of 5"):
+        data.upload_all(s3, [], data.S3Prefix(BUCKET, ""), part_mib=4)

@@ -1,0 +1,150 @@
+"""Capacity Blocks for ML: find offerings by price per instance-hour, and buy one.
+
+Durations (botocore's DescribeCapacityBlockOfferings documentation, platform-facts.md): whole
+days from 1 to 14, then multiples of 7 days up to 182. One block holds at most 64 instances.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from trnctl.errors import TrnctlError
+
+MAX_INSTANCES = 64
+MAX_DAYS = 182
+_OFFERING_ID = re.compile(r"^cb-[0-9a-f]{8,32}$")
+PLATFORM = "Linux/UNIX"
+RESERVATION_PLACEHOLDER = "<reservation id printed by trnctl capacity buy --yes>"
+
+
+def duration_hours(days: int) -> int:
+    """``days`` as the CapacityDurationHours that EC2 accepts.
+
+    Raises:
+        TrnctlError: ``days`` is not 1-14 or a multiple of 7 up to 182 (exit code USAGE).
+    """
+    if 1 <= days <= 14 or (14 < days <= MAX_DAYS and days % 7 == 0):
+        return days * 24
+    raise TrnctlError(
+        f"--days {days} is not a Capacity Block duration; allowed: 1 to 14, then multiples of 7 "
+        f"up to {MAX_DAYS}"
+    )
+
+
+@dataclass(frozen=True)
+class Offering:
+    offering_id: str
+    instance_type: str
+    availability_zone: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    hours: int
+    upfront_fee: Decimal
+    currency: str
+
+    @property
+    def per_instance_hour(self) -> Decimal:
+        return self.upfront_fee / (self.instance_count * self.hours)
+
+    @classmethod
+    def from_api(cls, item: dict[str, Any]) -> Offering:
+        return cls(
+            offering_id=item["CapacityBlockOfferingId"],
+            instance_type=item["InstanceType"],
+            availability_zone=item["AvailabilityZone"],
+            instance_count=int(item["InstanceCount"]),
+            start=item["StartDate"],
+            end=item["EndDate"],
+            hours=int(item["CapacityBlockDurationHours"]),
+            upfront_fee=Decimal(item["UpfrontFee"]),
+            currency=item.get("CurrencyCode", "USD"),
+        )
+
+
+def find(
+    ec2: Any, *, instance_type: str, count: int, days: int, start_after: datetime | None = None
+) -> list[Offering]:
+    """Offerings for ``count`` instances over ``days`` days, cheapest per instance-hour first.
+
+    Args:
+        start_after: earliest start; naive values are read as UTC. None (the default) lets EC2
+            offer any start in its booking window.
+
+    Raises:
+        TrnctlError: ``count`` outside 1-64 or ``days`` not an allowed duration (USAGE).
+        botocore.exceptions.ClientError: EC2 refused the call.
+    """
+    if not 1 <= count <= MAX_INSTANCES:
+        raise TrnctlError(f"--count {count} is outside 1 to {MAX_INSTANCES} (one Capacity Block)")
+    params: dict[str, Any] = {
+        "InstanceType": instance_type,
+        "InstanceCount": count,
+        "CapacityDurationHours": duration_hours(days),
+    }
+    if start_after is not None:
+        params["StartDateRange"] = _utc(start_after)
+    pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(**params)
+    offerings = [Offering.from_api(o) for page in pages for o in page["CapacityBlockOfferings"]]
+    return sorted(offerings, key=lambda o: (o.per_instance_hour, o.start, o.offering_id))
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def deploy_flags(
+    *, availability_zone: str, instance_type: str, count: int, reservation_id: str
+) -> str:
+    """The ``cdk deploy`` context flags that launch the trn node group into the block."""
+    region = availability_zone[:-1]
+    return (
+        f"-c region={region} -c availability_zone={availability_zone} "
+        f"-c instance_type={instance_type} -c trn_nodes={count} "
+        f"-c capacity=capacity-block -c capacity_reservation_id={reservation_id}"
+    )
+
+
+def check_offering_id(offering_id: str) -> None:
+    """Raises TrnctlError (USAGE) unless ``offering_id`` looks like ``cb-<hex>``."""
+    if not _OFFERING_ID.fullmatch(offering_id):
+        raise TrnctlError(
+            f"{offering_id!r} is not a Capacity Block offering id (cb- and hexadecimal digits, "
+            "as trnctl capacity find prints)"
+        )
+
+
+def dry_run_purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> None:
+    """Ask EC2 whether the purchase would succeed (DryRunOperation), without buying.
+
+    Raises:
+        TrnctlError: the offering id is malformed (USAGE).
+        botocore.exceptions.ClientError: the purchase would fail (access denied, offering gone).
+    """
+    check_offering_id(offering_id)
+    try:
+        ec2.purchase_capacity_block(
+            CapacityBlockOfferingId=offering_id, InstancePlatform=platform, DryRun=True
+        )
+    except ec2.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "DryRunOperation":
+            raise
+
+
+def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> dict[str, Any]:
+    """Buy the offering (charged up front, not refundable); returns the CapacityReservation.
+
+    Raises:
+        TrnctlError: the offering id is malformed (USAGE).
+        botocore.exceptions.ClientError: EC2 refused the purchase.
+    """
+    check_offering_id(offering_id)
+    response = ec2.purchase_capacity_block(
+        CapacityBlockOfferingId=offering_id, InstancePlatform=platform
+    )
+    reservation: dict[str, Any] = response["CapacityReservation"]
+    return reservation
