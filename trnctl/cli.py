@@ -9,7 +9,7 @@ failure leaves through :class:`TrnctlError` or a botocore exception, which
 from __future__ import annotations
 
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -26,7 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperGroup
 
-from trnctl import aws, capacity, environment, preflight
+from trnctl import aws, capacity, cost, environment, preflight, previews
 from trnctl.errors import ExitCode, TrnctlError, from_aws
 
 
@@ -283,6 +283,140 @@ def data_stage(
         "already intact",
         soft_wrap=True,
     )
+
+
+preview_app = typer.Typer(
+    help="Preview environments: stacks tagged trn-platform:preview and trn-platform:expires-at.",
+    no_args_is_help=True,
+)
+app.add_typer(preview_app, name="preview")
+ProjectOption = Annotated[
+    str | None, typer.Option("--project", help="Only this project; default: every project.")
+]
+
+
+def _preview_table(title: str, stacks: list[previews.PreviewStack], now: datetime) -> Table:
+    table = Table(title=title)
+    for column in ("stack", "project", "expires-at", "state", "status"):
+        table.add_column(column, overflow="fold")
+    for stack in stacks:
+        table.add_row(
+            stack.name,
+            stack.project or "-",
+            stack.expires_raw or "-",
+            str(stack.state(now)),
+            stack.status,
+        )
+    return table
+
+
+@preview_app.command("list")
+def preview_list(project: ProjectOption = None, region: RegionOption = None) -> None:
+    """List preview stacks with their project, expiry and state."""
+    now = datetime.now(UTC)
+    stacks = previews.preview_stacks(aws.client("cloudformation", _region(region)))
+    shown = [s for s in stacks if project is None or s.project == project]
+    _console().print(_preview_table(f"preview stacks at {previews.format_expiry(now)}", shown, now))
+
+
+@preview_app.command("extend")
+def preview_extend(
+    project: Annotated[str, typer.Argument(help="The preview's project name.")],
+    hours: Annotated[int, typer.Option("--hours", help="Hours to add (1-336).")],
+    region: RegionOption = None,
+) -> None:
+    """Move the expiry of a project's stacks by --hours (from now if already expired)."""
+    cfn = aws.client("cloudformation", _region(region))
+    changed = previews.extend(cfn, project, hours, datetime.now(UTC))
+    console = _console()
+    for stack, expiry in changed:
+        console.print(
+            f"{stack.name}: expires-at {previews.format_expiry(expiry)} (stack update started)",
+            soft_wrap=True,
+        )
+
+
+@preview_app.command("reap")
+def preview_reap(
+    project: ProjectOption = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete; without it, a dry run.")] = False,
+    region: RegionOption = None,
+) -> None:
+    """Delete expired preview stacks (both tags, expiry passed); a dry run unless --yes.
+
+    Stacks with one tag or a malformed expiry are reported, never deleted, and make the exit
+    code 1 so that a scheduled reaper gets noticed.
+    """
+    now = datetime.now(UTC)
+    cfn = aws.client("cloudformation", _region(region))
+    plan = previews.plan_reap(previews.preview_stacks(cfn), now, project)
+    console = _console()
+    for stack in plan.malformed:
+        console.print(
+            f"left alone: {stack.name} has a malformed {previews.TAG_EXPIRES_AT} "
+            f"{stack.expires_raw!r} (expected ISO-8601 UTC, e.g. 2026-12-01T12:00:00Z)",
+            soft_wrap=True,
+        )
+    for stack in plan.incomplete:
+        missing = previews.TAG_EXPIRES_AT if stack.project else previews.TAG_PREVIEW
+        console.print(f"left alone: {stack.name} lacks the tag {missing}", soft_wrap=True)
+    if not plan.delete:
+        console.print(f"nothing to reap ({len(plan.active)} preview stacks not yet expired)")
+    elif not yes:
+        for stack in plan.delete:
+            console.print(f"would delete: {stack.name} (expired {stack.expires_raw})")
+        console.print("dry run: nothing was deleted; rerun with --yes to delete")
+    else:
+        previews.reap(cfn, plan, on_deleted=lambda stack: console.print(f"deleted: {stack.name}"))
+    if plan.malformed or plan.incomplete:
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+@app.command("cost")
+def cost_command(
+    instance_type: InstanceTypeOption,
+    nodes: Annotated[int, typer.Option("--nodes", min=1, help="Instances in the job.")],
+    hours: Annotated[float | None, typer.Option("--hours", help="Wall-clock hours.")] = None,
+    tokens: Annotated[
+        float | None, typer.Option("--tokens", help="Tokens to train on (with --tokens-per-s).")
+    ] = None,
+    tokens_per_s: Annotated[
+        float | None, typer.Option("--tokens-per-s", help="Throughput of the whole job.")
+    ] = None,
+    live: Annotated[
+        bool, typer.Option("--live", help="Also ask the AWS Pricing API for On-Demand.")
+    ] = False,
+    region: RegionOption = None,
+) -> None:
+    """Cost of an experiment at On-Demand and Capacity Block rates; exit 1 if nothing prices it."""
+    resolved = _region(region)
+    duration = cost.run_hours(hours, tokens, tokens_per_s)
+    lines = cost.from_table(instance_type, resolved, nodes, duration)
+    if live:
+        rate = cost.live_on_demand(
+            aws.client("pricing", cost.PRICING_REGION), instance_type, resolved
+        )
+        note = "AWS Pricing API, now" if rate is not None else "the Pricing API lists no rate"
+        lines.append(cost.Line("on-demand (live)", rate, nodes * duration, note))
+    table = Table(title=f"{nodes} x {instance_type} in {resolved} for {duration:,.2f} h")
+    for column in ("market", "$/instance-h", "instance-h", "total $", "source"):
+        table.add_column(column, overflow="fold")
+    for line in lines:
+        rate_text = "-" if line.usd_per_hour is None else f"{line.usd_per_hour:,.2f}"
+        total = line.total
+        table.add_row(
+            line.market,
+            rate_text,
+            f"{line.instance_hours:,.2f}",
+            "-" if total is None else f"{total:,.2f}",
+            line.note,
+        )
+    _console().print(table)
+    if all(line.total is None for line in lines):
+        hint = "" if live else "; try --live"
+        raise TrnctlError(
+            f"no price for {instance_type} in {resolved} in the catalog{hint}", ExitCode.FAILED
+        )
 
 
 def main() -> None:

@@ -1,0 +1,225 @@
+"""trnctl preview list|extend|reap against moto's CloudFormation."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from trnctl import aws, previews
+
+NOW = datetime.now(UTC)
+PAST = previews.format_expiry(NOW - timedelta(hours=1))
+FUTURE = previews.format_expiry(NOW + timedelta(hours=24))
+TEMPLATE = json.dumps({"Resources": {"Handle": {"Type": "AWS::SNS::Topic"}}})
+
+
+@pytest.fixture
+def cfn(moto: None) -> Any:
+    pytest.importorskip(
+        "openapi_spec_validator",
+        reason="moto's CloudFormation imports openapi-spec-validator (moto[cloudformation])",
+    )
+    return aws.client("cloudformation")
+
+
+def tagged(cfn: Any, name: str, project: str | None, expires: str | None, **other: str) -> None:
+    tags = [{"Key": k, "Value": v} for k, v in other.items()]
+    if project is not None:
+        tags.append({"Key": previews.TAG_PREVIEW, "Value": project})
+    if expires is not None:
+        tags.append({"Key": previews.TAG_EXPIRES_AT, "Value": expires})
+    cfn.create_stack(StackName=name, TemplateBody=TEMPLATE, Tags=tags)
+
+
+def live(cfn: Any) -> set[str]:
+    return {
+        s["StackName"]
+        for s in cfn.describe_stacks()["Stacks"]
+        if s["StackStatus"] != "DELETE_COMPLETE"
+    }
+
+
+def tags_of(cfn: Any, name: str) -> dict[str, str]:
+    stack = cfn.describe_stacks(StackName=name)["Stacks"][0]
+    return {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
+
+
+@pytest.fixture
+def estate(cfn: Any) -> Any:
+    """Every kind of stack the reaper meets, created oldest to newest."""
+    tagged(cfn, "trn-dev-network", None, None, owner="platform")
+    tagged(cfn, "trn-pv-alpha-network", "alpha", PAST)
+    tagged(cfn, "trn-pv-alpha-data", "alpha", PAST)
+    tagged(cfn, "trn-pv-beta-network", "beta", PAST)
+    tagged(cfn, "trn-pv-gamma-network", "gamma", FUTURE)
+    tagged(cfn, "only-project", "delta", None)
+    tagged(cfn, "only-expiry", None, PAST)
+    tagged(cfn, "not-a-date", "epsilon", "next tuesday")
+    tagged(cfn, "no-zone", "zeta", "2020-01-01T00:00:00")
+    tagged(cfn, "other-zone", "eta", "2020-01-01T00:00:00+02:00")
+    tagged(cfn, "someone-else", None, None, **{"other-product:expires-at": PAST})
+    return cfn
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2026-12-01T12:00:00Z", datetime(2026, 12, 1, 12, tzinfo=UTC)),
+        ("2026-12-01T12:00:00+00:00", datetime(2026, 12, 1, 12, tzinfo=UTC)),
+        ("2026-12-01T12:00:00.5Z", datetime(2026, 12, 1, 12, 0, 0, 500000, tzinfo=UTC)),
+        ("2026-12-01T12:00:00", None),
+        ("2026-12-01T12:00:00+01:00", None),
+        ("1733054400", None),
+        ("", None),
+    ],
+)
+def test_parse_expiry_accepts_only_utc_iso_8601(value: str, expected: datetime | None) -> None:
+    assert previews.parse_expiry(value) == expected
+
+
+def test_reap_without_yes_deletes_nothing(trnctl: Any, estate: Any) -> None:
+    before = live(estate)
+
+    run = trnctl("preview", "reap")
+
+    assert live(estate) == before
+    assert "would delete: trn-pv-alpha-data" in run.stdout
+    assert "dry run: nothing was deleted; rerun with --yes to delete" in run.stdout
+
+
+def test_reap_deletes_only_expired_stacks_with_both_tags_newest_first(
+    trnctl: Any, estate: Any
+) -> None:
+    run = trnctl("preview", "reap", "--yes")
+
+    assert live(estate) == {
+        "trn-dev-network",
+        "trn-pv-gamma-network",
+        "only-project",
+        "only-expiry",
+        "not-a-date",
+        "no-zone",
+        "other-zone",
+        "someone-else",
+    }
+    deleted = [line for line in run.stdout.splitlines() if line.startswith("deleted: ")]
+    assert deleted == [
+        "deleted: trn-pv-beta-network",
+        "deleted: trn-pv-alpha-data",
+        "deleted: trn-pv-alpha-network",
+    ]
+    # Reported, left alone, and the exit code says so.
+    assert run.exit_code == 1
+    for name in ("not-a-date", "no-zone", "other-zone"):
+        assert f"left alone: {name} has a malformed trn-platform:expires-at" in run.stdout
+    assert "left alone: only-project lacks the tag trn-platform:expires-at" in run.stdout
+    assert "left alone: only-expiry lacks the tag trn-platform:preview" in run.stdout
+    assert "someone-else" not in run.stdout and "trn-dev-network" not in run.stdout
+
+
+def test_reap_of_one_project_leaves_other_projects(trnctl: Any, estate: Any) -> None:
+    run = trnctl("preview", "reap", "--project", "alpha", "--yes")
+
+    assert run.exit_code == 0, run.stdout + run.stderr
+    assert "trn-pv-beta-network" in live(estate)
+    assert not {"trn-pv-alpha-network", "trn-pv-alpha-data"} & live(estate)
+
+
+def test_reap_with_nothing_expired_exits_0(trnctl: Any, cfn: Any) -> None:
+    tagged(cfn, "trn-pv-gamma-network", "gamma", FUTURE)
+
+    run = trnctl("preview", "reap", "--yes")
+
+    assert run.exit_code == 0
+    assert "nothing to reap (1 preview stacks not yet expired)" in run.stdout
+    assert live(cfn) == {"trn-pv-gamma-network"}
+
+
+def test_list_shows_preview_stacks_and_their_state(trnctl: Any, estate: Any) -> None:
+    run = trnctl("preview", "list")
+
+    assert run.exit_code == 0
+    states = {}
+    for line in run.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 5:
+            states[cells[0]] = cells[3]
+    assert states == {
+        "trn-pv-alpha-network": "expired",
+        "trn-pv-alpha-data": "expired",
+        "trn-pv-beta-network": "expired",
+        "trn-pv-gamma-network": "active",
+        "only-project": "missing a tag",
+        "only-expiry": "missing a tag",
+        "not-a-date": "malformed expiry",
+        "no-zone": "malformed expiry",
+        "other-zone": "malformed expiry",
+    }
+
+
+def test_extend_moves_the_expiry_of_the_projects_stacks_only(trnctl: Any, cfn: Any) -> None:
+    tagged(cfn, "trn-pv-gamma-network", "gamma", FUTURE, owner="ml")
+    tagged(cfn, "trn-pv-gamma-data", "gamma", PAST)
+    tagged(cfn, "trn-pv-beta-network", "beta", FUTURE)
+
+    run = trnctl("preview", "extend", "gamma", "--hours", "12")
+
+    assert run.exit_code == 0, run.stderr
+    network = tags_of(cfn, "trn-pv-gamma-network")
+    # Still ahead: moved from the current expiry, other tags kept.
+    assert previews.parse_expiry(network[previews.TAG_EXPIRES_AT]) == previews.parse_expiry(
+        FUTURE
+    ) + timedelta(hours=12)
+    assert network["owner"] == "ml"
+    # Already expired: moved from now.
+    data_expiry = previews.parse_expiry(tags_of(cfn, "trn-pv-gamma-data")[previews.TAG_EXPIRES_AT])
+    assert data_expiry is not None
+    assert timedelta(hours=11) < data_expiry - NOW < timedelta(hours=13)
+    assert tags_of(cfn, "trn-pv-beta-network")[previews.TAG_EXPIRES_AT] == FUTURE
+    assert "trn-pv-gamma-data: expires-at " in run.stdout
+
+
+def test_extend_of_an_unknown_project_exits_4(trnctl: Any, cfn: Any) -> None:
+    run = trnctl("preview", "extend", "nope", "--hours", "12")
+
+    assert run.exit_code == 4
+    assert run.stderr == (
+        "trnctl: no preview stacks of project 'nope' (tag trn-platform:preview=nope)\n"
+    )
+
+
+@pytest.mark.parametrize("hours", ["0", "337"])
+def test_extend_refuses_hours_out_of_range(trnctl: Any, cfn: Any, hours: str) -> None:
+    run = trnctl("preview", "extend", "gamma", "--hours", hours)
+
+    assert run.exit_code == 2
+    assert run.stderr == f"trnctl: --hours {hours} is outside 1 to 336\n"
+
+
+def test_a_failed_deletion_is_one_line_and_exit_1(trnctl: Any, clients: Any, stub: Any) -> None:
+    cfn = stub(clients("cloudformation"))
+    stack = {
+        "StackName": "trn-pv-alpha-network",
+        "StackId": "arn:aws:cloudformation:us-east-2:123456789012:stack/trn-pv-alpha-network/1",
+        "CreationTime": NOW - timedelta(days=2),
+        "StackStatus": "CREATE_COMPLETE",
+        "Tags": [
+            {"Key": previews.TAG_PREVIEW, "Value": "alpha"},
+            {"Key": previews.TAG_EXPIRES_AT, "Value": PAST},
+        ],
+    }
+    cfn.add_response("describe_stacks", {"Stacks": [stack]})
+    cfn.add_response("delete_stack", {}, {"StackName": stack["StackId"]})
+    cfn.add_response("describe_stacks", {"Stacks": [{**stack, "StackStatus": "DELETE_FAILED"}]})
+
+    run = trnctl("preview", "reap", "--yes")
+
+    assert run.exit_code == 1
+    assert run.stderr.startswith(
+        "trnctl: AWS operation did not finish: Waiter StackDeleteComplete failed:"
+    )
+    assert "DELETE_FAILED" in run.stderr
+    assert run.stderr.count("\n") == 1

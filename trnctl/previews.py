@@ -1,0 +1,201 @@
+"""Preview environments: the CloudFormation stacks tagged with a project and an expiry.
+
+A preview stack carries ``trn-platform:preview=<project>`` and
+``trn-platform:expires-at=<ISO-8601 UTC>``. The reaper deletes a stack only when it carries both
+tags and the expiry, a valid UTC timestamp, has passed; a stack with one tag or a malformed
+expiry is reported and left alone, and a stack with neither tag is never looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from trnctl.errors import ExitCode, TrnctlError
+
+TAG_PREVIEW = "trn-platform:preview"
+TAG_EXPIRES_AT = "trn-platform:expires-at"
+# The platform's own limit on a preview's ttl_hours (platform_config.parse.MAX_TTL_HOURS).
+MAX_EXTEND_HOURS = 24 * 14
+# Capabilities a CDK stack with IAM resources and nested stacks needs for any update.
+CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
+_BUSY_SUFFIX = "_IN_PROGRESS"
+
+
+class State(StrEnum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+    MALFORMED = "malformed expiry"
+    INCOMPLETE = "missing a tag"
+
+
+@dataclass(frozen=True)
+class PreviewStack:
+    name: str
+    stack_id: str
+    status: str
+    created: datetime
+    tags: dict[str, str]
+
+    @property
+    def project(self) -> str | None:
+        return self.tags.get(TAG_PREVIEW)
+
+    @property
+    def expires_raw(self) -> str | None:
+        return self.tags.get(TAG_EXPIRES_AT)
+
+    @property
+    def expires(self) -> datetime | None:
+        return parse_expiry(self.expires_raw) if self.expires_raw is not None else None
+
+    def state(self, now: datetime) -> State:
+        if not self.project or self.expires_raw is None:
+            return State.INCOMPLETE
+        expires = self.expires
+        if expires is None:
+            return State.MALFORMED
+        return State.EXPIRED if expires <= now else State.ACTIVE
+
+
+def parse_expiry(value: str) -> datetime | None:
+    """``value`` as an aware UTC datetime, or None unless it is ISO-8601 with a UTC offset
+    (``Z`` or ``+00:00``): a timestamp without a zone is as malformed as a non-timestamp."""
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if moment.tzinfo is None or moment.utcoffset() != timedelta(0):
+        return None
+    return moment.astimezone(UTC)
+
+
+def format_expiry(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def preview_stacks(cfn: Any) -> list[PreviewStack]:
+    """Every live stack that carries at least one of the two preview tags, oldest first.
+
+    Raises:
+        botocore.exceptions.ClientError: CloudFormation refused DescribeStacks.
+    """
+    found = []
+    for page in cfn.get_paginator("describe_stacks").paginate():
+        for stack in page["Stacks"]:
+            tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
+            if TAG_PREVIEW not in tags and TAG_EXPIRES_AT not in tags:
+                continue
+            if stack["StackStatus"] == "DELETE_COMPLETE":
+                continue
+            found.append(
+                PreviewStack(
+                    name=stack["StackName"],
+                    stack_id=stack["StackId"],
+                    status=stack["StackStatus"],
+                    created=stack["CreationTime"],
+                    tags=tags,
+                )
+            )
+    return sorted(found, key=lambda s: (s.created, s.name))
+
+
+@dataclass(frozen=True)
+class ReapPlan:
+    """What ``reap`` does: ``delete`` newest first, so a stack goes before the stacks whose
+    exports it imports; the rest is reported and left alone."""
+
+    delete: list[PreviewStack]
+    malformed: list[PreviewStack]
+    incomplete: list[PreviewStack]
+    active: list[PreviewStack]
+
+
+def plan_reap(stacks: list[PreviewStack], now: datetime, project: str | None = None) -> ReapPlan:
+    """Sort ``stacks`` into what to delete and what to leave; ``project`` (default: every
+    project) limits deletion to one project's stacks."""
+    chosen = [s for s in stacks if project is None or s.project == project]
+    by_state: dict[State, list[PreviewStack]] = {state: [] for state in State}
+    for stack in chosen:
+        by_state[stack.state(now)].append(stack)
+    deletable = [s for s in by_state[State.EXPIRED] if s.status != "DELETE_IN_PROGRESS"]
+    return ReapPlan(
+        delete=sorted(deletable, key=lambda s: (s.created, s.name), reverse=True),
+        malformed=by_state[State.MALFORMED],
+        incomplete=by_state[State.INCOMPLETE],
+        active=by_state[State.ACTIVE],
+    )
+
+
+def reap(
+    cfn: Any, plan: ReapPlan, *, on_deleted: Callable[[PreviewStack], None] = lambda s: None
+) -> None:
+    """Delete ``plan.delete`` one at a time, each finished before the next starts, because
+    CloudFormation refuses to delete a stack whose exports another stack still imports. Waits
+    up to an hour per stack (FSx and EKS take minutes to delete).
+
+    Raises:
+        botocore.exceptions.WaiterError: a deletion failed (DELETE_FAILED) or timed out.
+        botocore.exceptions.ClientError: CloudFormation refused a call.
+    """
+    waiter = cfn.get_waiter("stack_delete_complete")
+    for stack in plan.delete:
+        cfn.delete_stack(StackName=stack.stack_id)
+        waiter.wait(StackName=stack.stack_id, WaiterConfig={"Delay": 15, "MaxAttempts": 240})
+        on_deleted(stack)
+
+
+def new_expiry(stack: PreviewStack, hours: int, now: datetime) -> datetime:
+    """The expiry after extending by ``hours``: from the current expiry if it is still ahead,
+    else (expired, malformed or missing) from ``now``."""
+    current = stack.expires
+    base = current if current is not None and current > now else now
+    return base + timedelta(hours=hours)
+
+
+def extend(
+    cfn: Any, project: str, hours: int, now: datetime
+) -> list[tuple[PreviewStack, datetime]]:
+    """Move the expiry of every stack of ``project`` by ``hours`` (see :func:`new_expiry`).
+
+    Tags change through a stack update that keeps the template and parameters; CloudFormation
+    passes the new tag on to the stack's resources.
+
+    Raises:
+        TrnctlError: ``hours`` outside 1 to 336 (USAGE); no stack of ``project`` (NOT_FOUND); a
+            stack is in the middle of an operation (FAILED).
+        botocore.exceptions.ClientError: CloudFormation refused the update.
+    """
+    if not 1 <= hours <= MAX_EXTEND_HOURS:
+        raise TrnctlError(f"--hours {hours} is outside 1 to {MAX_EXTEND_HOURS}")
+    stacks = [s for s in preview_stacks(cfn) if s.project == project]
+    if not stacks:
+        raise TrnctlError(
+            f"no preview stacks of project {project!r} (tag {TAG_PREVIEW}={project})",
+            ExitCode.NOT_FOUND,
+        )
+    busy = [s.name for s in stacks if s.status.endswith(_BUSY_SUFFIX)]
+    if busy:
+        raise TrnctlError(
+            f"stacks busy, try again when they settle: {', '.join(busy)}", ExitCode.FAILED
+        )
+    changed = []
+    for stack in stacks:
+        expiry = new_expiry(stack, hours, now)
+        tags = {**stack.tags, TAG_EXPIRES_AT: format_expiry(expiry)}
+        described = cfn.describe_stacks(StackName=stack.stack_id)["Stacks"][0]
+        cfn.update_stack(
+            StackName=stack.stack_id,
+            UsePreviousTemplate=True,
+            Parameters=[
+                {"ParameterKey": p["ParameterKey"], "UsePreviousValue": True}
+                for p in described.get("Parameters", [])
+            ],
+            Capabilities=CAPABILITIES,
+            Tags=[{"Key": key, "Value": value} for key, value in tags.items()],
+        )
+        changed.append((replace(stack, tags=tags), expiry))
+    return changed
