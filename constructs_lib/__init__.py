@@ -4,12 +4,16 @@ Importing this package has no side effects. The instance catalog is re-exported 
 app needs one import for constructs and per-type facts.
 """
 
+from constructs_lib.cluster import NeuronCluster, NeuronClusterProps
 from constructs_lib.data_paths import TrainingDataPaths, TrainingDataPathsProps
 from constructs_lib.network import (
     DEFAULT_INTERFACE_ENDPOINTS,
     TrainingNetwork,
     TrainingNetworkProps,
 )
+from constructs_lib.training_image import TrainingImage, TrainingImageProps
+from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
+from constructs_lib.workspace import TrainingWorkspace, TrainingWorkspaceProps
 from trn_catalog import CATALOG, InstanceSpec, UnknownInstanceTypeError
 from trn_catalog import get as instance_spec
 
@@ -17,10 +21,18 @@ __all__ = [
     "CATALOG",
     "DEFAULT_INTERFACE_ENDPOINTS",
     "InstanceSpec",
+    "NeuronCluster",
+    "NeuronClusterProps",
     "TrainingDataPaths",
     "TrainingDataPathsProps",
+    "TrainingImage",
+    "TrainingImageProps",
     "TrainingNetwork",
     "TrainingNetworkProps",
+    "TrainingWorkspace",
+    "TrainingWorkspaceProps",
+    "TrainiumNodeGroup",
+    "TrainiumNodeGroupProps",
     "UnknownInstanceTypeError",
     "instance_spec",
 ]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+import json
+from typing import Any
+
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 RETENTION_DAYS: dict[int, logs.RetentionDays] = {
     1: logs.RetentionDays.ONE_DAY,
@@ -71,3 +75,122 @@ def log_group_key(scope: Construct, construct_id: str, removal_policy: RemovalPo
         )
     )
     return key
+
+
+def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
+    """Acknowledge one cdk-nag AwsSolutions finding on ``scope`` and below, with its reason.
+
+    ``rule`` is the id cdk-nag prints, e.g. ``AwsSolutions-IAM4[Policy::...]``.
+    """
+    Validations.of(scope).acknowledge(Acknowledgment(id=f"AwsSolutions::{rule}", reason=reason))
+
+
+def acknowledge_managed_policies(role: iam.IRole, reason: str) -> None:
+    """Acknowledge the AwsSolutions-IAM4 finding of each managed policy attached to ``role``."""
+    cfn = role.node.default_child
+    if not isinstance(cfn, iam.CfnRole):
+        raise TypeError(f"{role.node.path} is not a role created in this app")
+    for arn in _as_list(Stack.of(role).resolve(cfn.managed_policy_arns)):
+        acknowledge(role, f"AwsSolutions-IAM4[Policy::{_flatten(arn)}]", reason)
+
+
+def worker_node_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
+    """An EC2 role for EKS worker nodes: join the cluster, pull from ECR, Session Manager.
+
+    No CNI policy: the VPC CNI gets its credentials through Pod Identity instead.
+    """
+    policies = (
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEC2ContainerRegistryReadOnly",
+        "AmazonSSMManagedInstanceCore",
+    )
+    role = iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+        description=description,
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(p) for p in policies],
+    )
+    acknowledge_managed_policies(
+        role,
+        f"{', '.join(policies)}: the AWS-maintained policies EKS documents for worker nodes "
+        "(join the cluster, pull images, Session Manager instead of SSH).",
+    )
+    return role
+
+
+def acknowledge_wildcards(role: iam.Role, reason: str) -> None:
+    """Acknowledge each wildcard (AwsSolutions-IAM5) finding of ``role``'s default policy.
+
+    Call it after the last grant. Only references inside the role's own stack render the same
+    at construct time as at synth, so keep the granted resources in the role's stack.
+    """
+    policy = role.node.try_find_child("DefaultPolicy")
+    if not isinstance(policy, iam.Policy):
+        return
+    document = Stack.of(role).resolve(policy.document.to_json())
+    for finding in sorted(_wildcard_findings(document)):
+        acknowledge(role, f"AwsSolutions-IAM5[{finding}]", reason)
+
+
+def _wildcard_findings(document: dict[str, Any]) -> set[str]:
+    findings = set()
+    for statement in document.get("Statement", []):
+        if statement.get("Effect") != "Allow":
+            continue
+        for action in _as_list(statement.get("Action")):
+            if "*" in action:
+                findings.add(f"Action::{action}")
+        for resource in _as_list(statement.get("Resource")):
+            flat = _flatten(resource)
+            if "*" in flat:
+                findings.add(f"Resource::{flat}")
+    return findings
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _flatten(node: Any) -> str:
+    """A CloudFormation reference as cdk-nag names it in a finding id."""
+    if isinstance(node, str):
+        return node.replace("${", "<").replace("}", ">")
+    if "Fn::Join" in node:
+        delimiter, items = node["Fn::Join"]
+        return str(delimiter).join(_flatten(item) for item in items)
+    if "Fn::Sub" in node:
+        return _flatten(node["Fn::Sub"])
+    if "Fn::GetAtt" in node:
+        resource, attribute = node["Fn::GetAtt"]
+        return f"<{_flatten(resource)}.{_flatten(attribute)}>"
+    if "Fn::ImportValue" in node:
+        return _flatten(node["Fn::ImportValue"])
+    if "Ref" in node:
+        return f"<{_flatten(node['Ref'])}>"
+    return json.dumps(node, separators=(",", ":"))
+
+
+def deny_other_egress(group: ec2.SecurityGroup) -> None:
+    """Keep ``group``'s outbound traffic to its explicit egress rules only.
+
+    CDK drops its inline "no traffic" placeholder once any egress rule is added, even a rule
+    that lives in a separate AWS::EC2::SecurityGroupEgress resource (rules naming a group);
+    EC2 then adds its default allow-all egress. An inline placeholder rule prevents that.
+    """
+    cfn = group.node.default_child
+    assert isinstance(cfn, ec2.CfnSecurityGroup)
+    cfn.add_property_override(
+        "SecurityGroupEgress",
+        [
+            {
+                "CidrIp": "255.255.255.255/32",
+                "Description": "Disallow all traffic",
+                "FromPort": 252,
+                "IpProtocol": "icmp",
+                "ToPort": 86,
+            }
+        ],
+    )

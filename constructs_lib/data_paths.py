@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from constructs_lib._common import acknowledge_wildcards, deny_other_egress
 from trn_catalog import fsx as fsx_limits
 
 # Lustre client traffic: TCP 988 and 1018-1023 (FSx user guide, "File system access control").
@@ -65,9 +66,14 @@ class TrainingDataPaths(Construct):
     automatic metadata IOPS. ``/datasets`` imports from the datasets bucket and ``/checkpoints``
     exports to the checkpoints bucket, both automatically.
 
+    Two roles for pods, trusted by EKS Pod Identity: ``job_role`` reads datasets and reads and
+    writes checkpoints and the compile cache; ``mountpoint_role`` reads datasets. Bind them to
+    service accounts with :class:`TrainingWorkspace`.
+
     Attributes:
         key, datasets, checkpoints, compile_cache, access_logs, file_system,
-        lustre_security_group, dataset_association, checkpoint_association.
+        lustre_security_group, dataset_association, checkpoint_association, job_role,
+        mountpoint_role.
 
     Raises:
         ValueError: storage or throughput not allowed for PERSISTENT_2, or a lifecycle period
@@ -145,11 +151,45 @@ class TrainingDataPaths(Construct):
         self.checkpoint_association = self._association(
             "CheckpointsAssociation", CHECKPOINTS_PATH, self.checkpoints, imports=False
         )
+        self.job_role, self.mountpoint_role = self._pod_roles()
 
     @property
     def compile_cache_url(self) -> str:
         """The ``NEURON_COMPILE_CACHE_URL`` for jobs (a token until deploy)."""
         return f"s3://{self.compile_cache.bucket_name}/neuron-compile-cache"
+
+    def _pod_roles(self) -> tuple[iam.Role, iam.Role]:
+        """Roles for Kubernetes pods (bound to service accounts by EKS Pod Identity elsewhere).
+
+        They live here, beside the buckets they reach, so that the data stack never depends on
+        the cluster and its grants name this stack's resources only.
+        """
+        roles = []
+        for construct_id, description in (
+            ("JobRole", "Training jobs: read datasets; read and write checkpoints and cache"),
+            ("MountpointRole", "Mountpoint S3 CSI driver: read the datasets bucket"),
+        ):
+            roles.append(
+                iam.Role(
+                    self,
+                    construct_id,
+                    assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+                    description=description,
+                )
+            )
+        job, mountpoint = roles
+        self.datasets.grant_read(job)
+        self.checkpoints.grant_read_write(job)
+        self.compile_cache.grant_read_write(job)
+        self.datasets.grant_read(mountpoint)
+        for role in roles:
+            acknowledge_wildcards(
+                role,
+                "Object-level wildcards (bucket/*, s3:GetObject*, kms:GenerateDataKey*) come from "
+                "CDK's grant_read/grant_read_write on this construct's own buckets and key; jobs "
+                "address objects by key, which cannot be listed ahead of time.",
+            )
+        return job, mountpoint
 
     def _access_log_bucket(self, removal: RemovalPolicy) -> s3.Bucket:
         # S3 delivers server access logs only to SSE-S3 buckets, so this one bucket is not on KMS.
@@ -243,6 +283,7 @@ class TrainingDataPaths(Construct):
             if not self.props.efa_fsx:
                 # Ingress between file servers comes from LustreFileSystem (988-1023 from itself).
                 group.add_egress_rule(group, port, "Lustre between file servers")
+        deny_other_egress(group)
         return group
 
     def _file_system(self, removal: RemovalPolicy) -> fsx.LustreFileSystem:

@@ -8,8 +8,11 @@ from aws_cdk import Environment, Stack, Tags
 from constructs import Construct
 
 from platform_config import PlatformConfig
+from stacks.cluster_stack import ClusterStack
 from stacks.data_stack import DataStack
+from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
+from stacks.workloads_stack import WorkloadsStack
 
 TAG_ENVIRONMENT = "trn-platform:environment"
 TAG_PROFILE = "trn-platform:profile"
@@ -17,40 +20,77 @@ TAG_PROFILE = "trn-platform:profile"
 
 @dataclass(frozen=True)
 class Platform:
-    """The stacks of one environment, in deployment order."""
+    """The stacks of one environment.
+
+    network -> data and network -> cluster (data and cluster never depend on each other, so FSx
+    and EKS are created at the same time); workloads needs cluster, data and image.
+    """
 
     network: NetworkStack
     data: DataStack
+    cluster: ClusterStack
+    image: ImageStack
+    workloads: WorkloadsStack
 
     @property
     def stacks(self) -> tuple[Stack, ...]:
-        return (self.network, self.data)
+        return (self.network, self.data, self.cluster, self.image, self.workloads)
 
 
 def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
-    """Add one environment's stacks to ``scope`` (an App): ``<name>-network``, ``<name>-data``."""
-    env = Environment(account=config.account, region=config.region)
+    """Add one environment's stacks to ``scope`` (an App), named ``<config.name>-<part>``."""
     common = {
-        "env": env,
+        "env": Environment(account=config.account, region=config.region),
         "termination_protection": config.profile.termination_protection,
     }
+    name = config.name
     network = NetworkStack(
         scope,
-        f"{config.name}-network",
+        f"{name}-network",
         config=config,
-        description=f"Trainium training platform {config.name}: VPC, endpoints, flow logs",
+        description=f"Trainium training platform {name}: VPC, endpoints, flow logs",
         **common,
     )
     data = DataStack(
         scope,
-        f"{config.name}-data",
+        f"{name}-data",
         config=config,
         network=network.network,
-        description=f"Trainium training platform {config.name}: S3 data paths and FSx for Lustre",
+        description=f"Trainium training platform {name}: S3 data paths and FSx for Lustre",
         **common,
     )
-    platform = Platform(network=network, data=data)
+    cluster = ClusterStack(
+        scope,
+        f"{name}-cluster",
+        config=config,
+        network=network.network,
+        description=f"Trainium training platform {name}: EKS, Neuron, EFA, trn capacity",
+        **common,
+    )
+    image = ImageStack(
+        scope,
+        f"{name}-image",
+        config=config,
+        description=f"Trainium training platform {name}: training image repository",
+        **common,
+    )
+    workloads = WorkloadsStack(
+        scope,
+        f"{name}-workloads",
+        config=config,
+        cluster=cluster.neuron_cluster,
+        trainium=cluster.trainium,
+        data=data.data,
+        image=image.image,
+        description=f"Trainium training platform {name}: training namespace, volumes, outputs",
+        **common,
+    )
+    # The outputs name the bundled image, which the image stack's deploy publishes.
+    workloads.add_dependency(image)
+    platform = Platform(
+        network=network, data=data, cluster=cluster, image=image, workloads=workloads
+    )
     for stack in platform.stacks:
-        Tags.of(stack).add(TAG_ENVIRONMENT, config.name)
+        Tags.of(stack).add(TAG_ENVIRONMENT, name)
         Tags.of(stack).add(TAG_PROFILE, config.env)
     return platform

@@ -32,6 +32,12 @@ VARIANTS: dict[str, dict[str, str]] = {
         "capacity_reservation_id": "cr-0123456789abcdef0",
         "instance_type": "trn2.48xlarge",
     },
+    "odcr": {
+        "capacity": "odcr",
+        "capacity_reservation_id": "cr-0123456789abcdef1",
+        "instance_type": "trn1.32xlarge",
+        "admin_role_arn": "arn:aws:iam::123456789012:role/PlatformAdmin",
+    },
 }
 
 

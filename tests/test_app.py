@@ -53,7 +53,10 @@ def test_cdk_cli_synthesizes_the_default_platform_offline(tmp_path: Path) -> Non
     )
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in tmp_path.glob("*.template.json"))
-    assert names == ["trn-dev-data.template.json", "trn-dev-network.template.json"]
+    assert names == [
+        f"trn-dev-{part}.template.json"
+        for part in ("cluster", "data", "image", "network", "workloads")
+    ]
     network = json.loads((tmp_path / "trn-dev-network.template.json").read_text())
     zones = {
         r["Properties"]["AvailabilityZone"]

@@ -14,7 +14,7 @@ PARAMETER_PREFIX = "/trn-platform"
 
 
 def parameter_name(environment: str) -> str:
-    """The SSM parameter holding an environment's outputs, e.g. ``/trn-platform/trn-dev/outputs``."""
+    """The SSM parameter of an environment's outputs: ``/trn-platform/<environment>/outputs``."""
     return f"{PARAMETER_PREFIX}/{environment}/outputs"
 
 

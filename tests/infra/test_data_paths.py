@@ -146,6 +146,8 @@ def test_lustre_ports_open_to_the_vpc_and_between_servers(dev: Synth) -> None:
     assert from_vpc == to_self == {(988, 988), (1018, 1023)}
     assert from_self == {(988, 1023)}
     assert not any(r.get("CidrIp") == "0.0.0.0/0" for r in ingress + egress)
+    # The inline placeholder keeps EC2 from adding its default allow-all egress rule.
+    assert [r["CidrIp"] for r in egress if "CidrIp" in r] == ["255.255.255.255/32"]
 
 
 def test_efa_fsx_enables_efa_and_opens_the_group_to_itself(

@@ -1,0 +1,90 @@
+"""TrainingImage: an ECR repository for training images and the bundled trainer image asset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+
+@dataclass(frozen=True)
+class TrainingImageProps:
+    """Props of :class:`TrainingImage`.
+
+    Attributes:
+        directory: the Docker build context (required), e.g. the repository root.
+        dockerfile: the Dockerfile, relative to ``directory``. Default
+            ``training_image/Dockerfile``.
+        neuron_stack: the Dockerfile's NEURON_STACK build argument, ``native`` (TorchNeuron,
+            default) or ``xla`` (the last PyTorch/XLA stack).
+        keep_images: untagged images kept in the repository. Default 20.
+        removal_policy: for the repository and its key. Default DESTROY.
+    """
+
+    directory: str
+    dockerfile: str = "training_image/Dockerfile"
+    neuron_stack: str = "native"
+    keep_images: int = 20
+    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+
+
+class TrainingImage(Construct):
+    """Where training images live: an ECR repository and the bundled trainer, built at deploy.
+
+    Default settings: the repository scans on push, refuses tag overwrites (IMMUTABLE), is
+    encrypted with a rotating KMS key and expires untagged images beyond ``keep_images``. The
+    bundled image is a DockerImageAsset (linux/amd64) built by ``cdk deploy``; synth needs no
+    Docker.
+
+    Attributes:
+        repository, asset, image_uri.
+
+    Raises:
+        ValueError: ``neuron_stack`` not native or xla, or ``keep_images`` below 1.
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingImageProps) -> None:
+        super().__init__(scope, construct_id)
+        if props.neuron_stack not in ("native", "xla"):
+            raise ValueError(
+                f"neuron_stack {props.neuron_stack!r} is not allowed; use native or xla"
+            )
+        if props.keep_images < 1:
+            raise ValueError(f"keep_images {props.keep_images} is not allowed; use >= 1")
+        key = kms.Key(
+            self,
+            "RepositoryKey",
+            description="Encrypts training images",
+            enable_key_rotation=True,
+            removal_policy=props.removal_policy,
+        )
+        self.repository = ecr.Repository(
+            self,
+            "Repository",
+            image_scan_on_push=True,
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            encryption=ecr.RepositoryEncryption.KMS,
+            encryption_key=key,
+            removal_policy=props.removal_policy,
+            empty_on_delete=props.removal_policy == RemovalPolicy.DESTROY,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    description="Keep the newest untagged images only",
+                    tag_status=ecr.TagStatus.UNTAGGED,
+                    max_image_count=props.keep_images,
+                )
+            ],
+        )
+        self.asset = ecr_assets.DockerImageAsset(
+            self,
+            "Trainer",
+            directory=props.directory,
+            file=props.dockerfile,
+            build_args={"NEURON_STACK": props.neuron_stack},
+            platform=ecr_assets.Platform.LINUX_AMD64,
+        )
+        self.image_uri = self.asset.image_uri

@@ -1,0 +1,34 @@
+"""The image stack: the training image repository and the bundled trainer image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import RemovalPolicy, Stack
+from constructs import Construct
+
+from constructs_lib import TrainingImage, TrainingImageProps
+from platform_config import PlatformConfig
+
+# The image builds from the repository root; its .dockerignore lets in the trainer and catalog.
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ImageStack(Stack):
+    """Composes :class:`TrainingImage` over this repository's training_image/Dockerfile."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: PlatformConfig, **kwargs: Any
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.image = TrainingImage(
+            self,
+            "TrainingImage",
+            props=TrainingImageProps(
+                directory=str(REPOSITORY_ROOT),
+                removal_policy=(
+                    RemovalPolicy.RETAIN if config.profile.retain_data else RemovalPolicy.DESTROY
+                ),
+            ),
+        )

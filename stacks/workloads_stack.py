@@ -1,0 +1,87 @@
+"""The workloads stack: what needs both the cluster and the data (namespace, volumes, outputs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from constructs_lib import (
+    NeuronCluster,
+    TrainingDataPaths,
+    TrainingImage,
+    TrainingWorkspace,
+    TrainingWorkspaceProps,
+    TrainiumNodeGroup,
+)
+from platform_config import PlatformConfig
+from trn_catalog.outputs import EnvironmentOutputs, parameter_name
+
+
+class WorkloadsStack(Stack):
+    """Composes :class:`TrainingWorkspace` and publishes the environment's outputs for tools.
+
+    The outputs go to CfnOutputs and to one SSM parameter (JSON, ``/trn-platform/<env>/outputs``)
+    that ``trnctl`` reads to find an environment by name.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        cluster: NeuronCluster,
+        trainium: TrainiumNodeGroup,
+        data: TrainingDataPaths,
+        image: TrainingImage,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.workspace = TrainingWorkspace(
+            self,
+            "Workspace",
+            props=TrainingWorkspaceProps(
+                cluster=cluster.icluster,
+                file_system=data.file_system,
+                datasets=data.datasets,
+                job_role=data.job_role,
+                mountpoint_role=data.mountpoint_role,
+                fsx_storage_gib=config.fsx.storage_gib,
+            ),
+        )
+        # Charts install the device plugins and the job engine the workspace's jobs rely on.
+        for chart in cluster.charts.values():
+            self.workspace.manifest.node.add_dependency(chart)
+        self.outputs = EnvironmentOutputs(
+            environment=config.name,
+            region=config.region,
+            cluster_name=cluster.cluster_name,
+            node_role_arn=trainium.node_role.role_arn,
+            fsx_file_system_id=data.file_system.file_system_id,
+            fsx_mount_name=data.file_system.mount_name,
+            fsx_dns_name=data.file_system.dns_name,
+            datasets_bucket=data.datasets.bucket_name,
+            checkpoints_bucket=data.checkpoints.bucket_name,
+            compile_cache_url=data.compile_cache_url,
+            image_uri=image.image_uri,
+            namespace=self.workspace.props.namespace,
+            service_account=self.workspace.props.service_account,
+            instance_type=config.trn.instance_type,
+            trn_nodes=config.trn.nodes,
+        )
+        self.parameter = ssm.StringParameter(
+            self,
+            "Outputs",
+            parameter_name=parameter_name(config.name),
+            description=f"Outputs of the {config.name} training platform, read by trnctl",
+            string_value=self.to_json_string(self.outputs.__dict__),
+        )
+        for key, value in self.outputs.__dict__.items():
+            CfnOutput(self, _output_id(key), value=str(value), description=key)
+
+
+def _output_id(key: str) -> str:
+    return "".join(part.capitalize() for part in key.split("_"))

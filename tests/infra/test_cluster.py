@@ -1,0 +1,315 @@
+import json
+from collections.abc import Callable
+from typing import Any
+
+import aws_cdk as cdk
+import kubernetes_validate
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
+
+import trn_catalog
+from constructs_lib import NeuronCluster, NeuronClusterProps
+from tests.conftest import Synth
+from trn_catalog import versions
+from trn_catalog.outputs import EnvironmentOutputs
+
+
+def cluster_resource(synth: Synth) -> dict[str, Any]:
+    (cluster,) = synth.resources("cluster", "AWS::EKS::Cluster").values()
+    props: dict[str, Any] = cluster["Properties"]
+    return props
+
+
+def test_endpoint_is_private(dev: Synth) -> None:
+    vpc_config = cluster_resource(dev)["ResourcesVpcConfig"]
+    assert vpc_config["EndpointPrivateAccess"] is True
+    assert vpc_config["EndpointPublicAccess"] is False
+
+
+def test_secrets_are_encrypted_with_a_rotating_key(dev: Synth) -> None:
+    (config,) = cluster_resource(dev)["EncryptionConfig"]
+    assert config["Resources"] == ["secrets"]
+    key_id = config["Provider"]["KeyArn"]["Fn::GetAtt"][0]
+    key = dev.template("cluster")["Resources"][key_id]
+    assert key["Type"] == "AWS::KMS::Key" and key["Properties"]["EnableKeyRotation"] is True
+
+
+def test_control_plane_logs(dev: Synth) -> None:
+    enabled = cluster_resource(dev)["Logging"]["ClusterLogging"]["EnabledTypes"]
+    assert {t["Type"] for t in enabled} == {"api", "audit", "authenticator"}
+
+
+def test_version_and_no_auto_mode(dev: Synth) -> None:
+    props = cluster_resource(dev)
+    assert props["Version"] == versions.KUBERNETES_VERSION
+    assert props["ComputeConfig"] == {"Enabled": False}
+    assert props["BootstrapSelfManagedAddons"] is False
+    assert props["Name"] == "trn-dev"
+
+
+def test_admin_role_gets_cluster_admin(synth_variant: Callable[[str], Synth]) -> None:
+    odcr = synth_variant("odcr")
+    entries = odcr.resources("cluster", "AWS::EKS::AccessEntry").values()
+    admin = [
+        e
+        for e in entries
+        if e["Properties"]["PrincipalArn"] == "arn:aws:iam::123456789012:role/PlatformAdmin"
+    ]
+    (entry,) = admin
+    (policy,) = entry["Properties"]["AccessPolicies"]
+    assert "cluster-access-policy/AmazonEKSClusterAdminPolicy" in json.dumps(policy["PolicyArn"])
+    assert policy["AccessScope"] == {"Type": "cluster"}
+
+
+def test_system_nodegroup(dev: Synth) -> None:
+    groups = [
+        g["Properties"]
+        for g in dev.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if g["Properties"]["AmiType"] == "AL2023_x86_64_STANDARD"
+    ]
+    (system,) = groups
+    assert system["CapacityType"] == "ON_DEMAND" and len(system["Subnets"]) == 2
+    assert system["ScalingConfig"]["MinSize"] == 2
+    template_id = system["LaunchTemplate"]["Id"]["Ref"]
+    data = dev.template("cluster")["Resources"][template_id]["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+
+
+def test_node_roles_carry_no_cni_policy(dev: Synth) -> None:
+    for role_id, role in dev.resources("cluster", "AWS::IAM::Role").items():
+        if "NodeRole" in role_id:
+            assert "AmazonEKS_CNI_Policy" not in json.dumps(role["Properties"]), role_id
+
+
+def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
+    (trn,) = [
+        g["Properties"]
+        for g in dev.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if g["Properties"]["AmiType"] == "AL2023_x86_64_NEURON"
+    ]
+    trn_subnet = dev.platform.network.network.trn_subnet
+    assert trn_subnet.availability_zone == "us-east-2a"
+    (subnet,) = trn["Subnets"]
+    assert "PrivateSubnet1" in json.dumps(subnet)
+    assert trn["NodegroupName"] == "trn-dev-trn"
+    assert trn["ScalingConfig"]["DesiredSize"] == 2
+
+
+def test_addons_are_pinned(dev: Synth) -> None:
+    addons = {
+        a["Properties"]["AddonName"]: a["Properties"]
+        for a in dev.resources("cluster", "AWS::EKS::Addon").values()
+    }
+    assert set(addons) == {pin.name for pin in versions.ADDONS}
+    for pin in versions.ADDONS:
+        assert addons[pin.name].get("AddonVersion") == pin.version, pin.name
+    cni = json.loads(addons["vpc-cni"]["ConfigurationValues"])
+    assert cni["env"]["ENABLE_PREFIX_DELEGATION"] == "true"
+    major, minor, _ = addons["vpc-cni"]["AddonVersion"].lstrip("v").split("-")[0].split(".")
+    assert (int(major), int(minor)) >= (1, 19)
+
+
+def test_pod_identity_for_addons_that_call_aws(dev: Synth) -> None:
+    associations = {
+        (a["Properties"]["Namespace"], a["Properties"]["ServiceAccount"])
+        for stack in ("cluster", "workloads")
+        for a in dev.resources(stack, "AWS::EKS::PodIdentityAssociation").values()
+    }
+    assert associations == {
+        ("kube-system", "aws-node"),
+        ("amazon-cloudwatch", "cloudwatch-agent"),
+        ("neuron-healthcheck-system", "node-problem-detector"),
+        ("kube-system", "s3-csi-driver-sa"),
+        ("training", "trainer"),
+    }
+
+
+def test_node_recovery_policy_is_scoped(dev: Synth) -> None:
+    policies = dev.resources("cluster", "AWS::IAM::Policy")
+    (npd,) = [p for i, p in policies.items() if "NodeProblemDetector" in i]
+    statements = npd["Properties"]["PolicyDocument"]["Statement"]
+    by_action = {json.dumps(s["Action"]): s for s in statements}
+    health = by_action['"autoscaling:SetInstanceHealth"']
+    assert health["Condition"]["StringEquals"]["autoscaling:ResourceTag/eks:cluster-name"]
+    metrics = by_action['"cloudwatch:PutMetricData"']
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "NeuronHealthCheck"}}
+
+
+def charts(synth: Synth) -> dict[str, dict[str, Any]]:
+    return {
+        c["Properties"]["Release"]: c["Properties"]
+        for c in synth.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+
+
+def test_charts_are_pinned(dev: Synth) -> None:
+    installed = charts(dev)
+    for pin in versions.CHARTS:
+        chart = installed[pin.release]
+        assert (chart["Repository"], chart["Chart"], chart["Version"]) == (
+            pin.repository,
+            pin.chart,
+            pin.version,
+        )
+        assert chart["Namespace"] == pin.namespace and chart["Atomic"] is True
+    assert installed["neuron"]["Repository"] == "oci://public.ecr.aws/neuron/neuron-helm-chart"
+
+
+def test_neuron_chart_values(dev: Synth) -> None:
+    values = json.loads(charts(dev)["neuron"]["Values"])
+    toleration = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+    assert values["devicePlugin"] == {"enabled": True, "tolerations": [toleration]}
+    assert values["scheduler"]["enabled"] is True
+    assert values["npd"]["enabled"] is True and values["npd"]["nodeRecovery"]["enabled"] is True
+    assert toleration in values["npd"]["tolerations"]
+    assert "trn3.48xlarge" in values["neuronInstances"]
+
+
+def test_efa_plugin_allowlist_has_trn3_and_tolerates_neuron(dev: Synth) -> None:
+    values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
+    allow = values["supportedInstanceLabels"]
+    assert allow["keys"] == ["node.kubernetes.io/instance-type"]
+    assert set(trn_catalog.CATALOG) <= set(allow["values"])
+    assert "trn3.48xlarge" in allow["values"]
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in values[
+        "tolerations"
+    ]
+
+
+def test_job_engine_is_kubeflow_trainer_with_the_torch_runtime(dev: Synth) -> None:
+    values = json.loads(charts(dev)["kubeflow-trainer"]["Values"])
+    assert values["runtimes"]["torchDistributed"]["enabled"] is True
+    assert values["crds"]["enabled"] is True
+
+
+def test_no_stray_neuron_manifest(dev: Synth) -> None:
+    for name, template in dev.templates.items():
+        text = json.dumps(template)
+        assert "neuron-device-plugin" not in text, name
+        assert "k8s-neuron" not in text, name
+
+
+def test_cluster_and_data_never_depend_on_each_other(dev: Synth) -> None:
+    artifacts = dev.manifest()["artifacts"]
+    deps = {name: set(a.get("dependencies", [])) for name, a in artifacts.items()}
+    assert "trn-dev-data" not in deps["trn-dev-cluster"]
+    assert "trn-dev-cluster" not in deps["trn-dev-data"]
+    assert {"trn-dev-cluster", "trn-dev-data", "trn-dev-image"} <= deps["trn-dev-workloads"]
+    cluster_text = json.dumps(dev.template("cluster"))
+    data_text = json.dumps(dev.template("data"))
+    assert "trn-dev-data:" not in cluster_text and "trn-dev-cluster:" not in data_text
+
+
+def test_capacity_modes_reach_the_cluster(synth_variant: Callable[[str], Synth]) -> None:
+    block = synth_variant("capacity-block")
+    (trn,) = [
+        g["Properties"]
+        for g in block.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if g["Properties"]["AmiType"] == "AL2023_x86_64_NEURON"
+    ]
+    assert trn["CapacityType"] == "CAPACITY_BLOCK"
+    assert not block.resources("cluster", "AWS::EC2::PlacementGroup")
+    odcr = synth_variant("odcr")
+    (template,) = [
+        t["Properties"]["LaunchTemplateData"]
+        for t in odcr.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        if "InstanceType" in t["Properties"]["LaunchTemplateData"]
+    ]
+    assert template["InstanceType"] == "trn1.32xlarge"
+    assert len(template["NetworkInterfaces"]) == 8
+    assert template["CapacityReservationSpecification"]["CapacityReservationPreference"] == (
+        "capacity-reservations-only"
+    )
+
+
+def test_workspace_manifests_are_valid_kubernetes(dev: Synth) -> None:
+    manifests = dev.platform.workloads.workspace.manifests()
+    kinds = [m["kind"] for m in manifests]
+    assert kinds == [
+        "Namespace",
+        "ServiceAccount",
+        "PersistentVolume",
+        "PersistentVolumeClaim",
+        "PersistentVolume",
+        "PersistentVolumeClaim",
+    ]
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, "1.35.0", strict=True)
+
+
+def test_workspace_volumes(dev: Synth) -> None:
+    manifests = {
+        (m["kind"], m["metadata"]["name"]): m for m in dev.platform.workloads.workspace.manifests()
+    }
+    fsx = manifests["PersistentVolume", "training-fsx"]["spec"]
+    assert fsx["csi"]["driver"] == "fsx.csi.aws.com"
+    assert fsx["persistentVolumeReclaimPolicy"] == "Retain"
+    assert fsx["capacity"]["storage"] == "1200Gi"
+    s3 = manifests["PersistentVolume", "training-datasets-s3"]["spec"]
+    assert s3["csi"]["driver"] == "s3.csi.aws.com"
+    assert "read-only" in s3["mountOptions"]
+    assert manifests["PersistentVolumeClaim", "fsx"]["spec"]["volumeName"] == "training-fsx"
+
+
+def test_outputs_parameter_holds_every_output(dev: Synth) -> None:
+    (parameter,) = dev.resources("workloads", "AWS::SSM::Parameter").values()
+    assert parameter["Properties"]["Name"] == "/trn-platform/trn-dev/outputs"
+    value = json.dumps(parameter["Properties"]["Value"])
+    for field in EnvironmentOutputs.__dataclass_fields__:
+        assert f'\\"{field}\\"' in value, field
+    outputs = dev.template("workloads")["Outputs"]
+    assert {"ClusterName", "FsxFileSystemId", "ImageUri", "CompileCacheUrl"} <= set(outputs)
+
+
+def test_image_repository(dev: Synth) -> None:
+    (repository,) = dev.resources("image", "AWS::ECR::Repository").values()
+    props = repository["Properties"]
+    assert props["ImageScanningConfiguration"] == {"ScanOnPush": True}
+    assert props["ImageTagMutability"] == "IMMUTABLE"
+    assert props["EncryptionConfiguration"]["EncryptionType"] == "KMS"
+    assets = json.loads((dev.outdir / "trn-dev-image.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "training_image/Dockerfile"
+    assert image["source"]["platform"] == "linux/amd64"
+
+
+def neuron_cluster(**overrides: Any) -> NeuronCluster:
+    stack = cdk.Stack(
+        cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
+    props: dict[str, Any] = {
+        "vpc": vpc,
+        "kubectl_layer": KubectlV35Layer(stack, "Layer"),
+        **overrides,
+    }
+    return NeuronCluster(stack, "N", props=NeuronClusterProps(**props))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"public_endpoint_cidrs": ["0.0.0.0/0"]}, r"'0\.0\.0\.0/0' opens the API to the internet"),
+        ({"public_endpoint_cidrs": ["office"]}, r"public_endpoint_cidrs: 'office' is not an IPv4"),
+        (
+            {"admin_role_arn": "arn:aws:iam::123456789012:user/alice"},
+            r"admin_role_arn .* is not an IAM role ARN",
+        ),
+        ({"system_nodes": 1}, r"system_nodes 1 is not allowed; use 2 to 10"),
+    ],
+)
+def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        neuron_cluster(**overrides)
+
+
+def test_public_endpoint_only_from_listed_cidrs() -> None:
+    built = neuron_cluster(public_endpoint_cidrs=["203.0.113.0/24"])
+    template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
+    (cluster,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"]
+    vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
+    assert vpc_config["EndpointPublicAccess"] is True
+    assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24"]

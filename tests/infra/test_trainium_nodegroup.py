@@ -1,0 +1,182 @@
+import itertools
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk.assertions import Template
+
+import trn_catalog
+from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
+
+RESERVATION = "cr-0123456789abcdef0"
+TYPES = ("trn3.48xlarge", "trn2.48xlarge", "trn1.32xlarge")
+MODES = ("on-demand", "capacity-block", "odcr")
+
+
+def build(**overrides: Any) -> tuple[TrainiumNodeGroup, dict[str, Any]]:
+    stack = cdk.Stack(
+        cdk.App(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="c", vpc=vpc, cluster_security_group_id="sg-0123"
+    )
+    props: dict[str, Any] = {"cluster": cluster, "subnet": vpc.private_subnets[0], **overrides}
+    if props.get("capacity", "on-demand") != "on-demand":
+        props.setdefault("capacity_reservation_id", RESERVATION)
+    group = TrainiumNodeGroup(stack, "Trn", props=TrainiumNodeGroupProps(**props))
+    return group, Template.from_stack(stack).to_json()
+
+
+def of_type(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
+    return [r for r in template["Resources"].values() if r["Type"] == resource_type]
+
+
+def launch_data(template: dict[str, Any]) -> dict[str, Any]:
+    (template_resource,) = of_type(template, "AWS::EC2::LaunchTemplate")
+    data: dict[str, Any] = template_resource["Properties"]["LaunchTemplateData"]
+    return data
+
+
+def nodegroup(template: dict[str, Any]) -> dict[str, Any]:
+    (group,) = of_type(template, "AWS::EKS::Nodegroup")
+    props: dict[str, Any] = group["Properties"]
+    return props
+
+
+@pytest.fixture(scope="module")
+def variants() -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (instance_type, mode): build(instance_type=instance_type, capacity=mode)[1]
+        for instance_type, mode in itertools.product(TYPES, MODES)
+    }
+
+
+@pytest.mark.parametrize(("instance_type", "mode"), list(itertools.product(TYPES, MODES)))
+def test_one_efa_interface_per_network_card_from_the_catalog(
+    variants: dict[tuple[str, str], dict[str, Any]], instance_type: str, mode: str
+) -> None:
+    interfaces = launch_data(variants[instance_type, mode])["NetworkInterfaces"]
+    expected = trn_catalog.get(instance_type).efa_interfaces
+    assert len(interfaces) == expected
+    assert sorted(i["NetworkCardIndex"] for i in interfaces) == list(range(expected))
+    primary = [i for i in interfaces if i["NetworkCardIndex"] == 0]
+    assert primary == [i for i in interfaces if i["DeviceIndex"] == 0]
+    assert primary[0]["InterfaceType"] == "efa"
+    others = [i for i in interfaces if i["NetworkCardIndex"] != 0]
+    assert all(i["InterfaceType"] == "efa-only" and i["DeviceIndex"] == 1 for i in others)
+    assert all(len(i["Groups"]) == 2 for i in interfaces)
+
+
+def test_known_efa_counts(variants: dict[tuple[str, str], dict[str, Any]]) -> None:
+    counts = {t: len(launch_data(variants[t, "on-demand"])["NetworkInterfaces"]) for t in TYPES}
+    assert counts == {"trn3.48xlarge": 16, "trn2.48xlarge": 16, "trn1.32xlarge": 8}
+
+
+@pytest.mark.parametrize(("instance_type", "mode"), list(itertools.product(TYPES, MODES)))
+def test_launch_template_carries_type_imds_and_encrypted_root(
+    variants: dict[tuple[str, str], dict[str, Any]], instance_type: str, mode: str
+) -> None:
+    data = launch_data(variants[instance_type, mode])
+    assert data["InstanceType"] == instance_type
+    assert data["MetadataOptions"] == {
+        "HttpEndpoint": "enabled",
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 1,
+    }
+    (root,) = data["BlockDeviceMappings"]
+    assert root["Ebs"]["VolumeType"] == "gp3" and root["Ebs"]["Encrypted"] is True
+    assert root["Ebs"]["VolumeSize"] == 512
+    assert "KeyName" not in data
+    group = nodegroup(variants[instance_type, mode])
+    assert group["AmiType"] == "AL2023_x86_64_NEURON"
+    assert "InstanceTypes" not in group
+    assert group["Taints"] == [
+        {"Effect": "NO_SCHEDULE", "Key": "aws.amazon.com/neuron", "Value": "true"}
+    ]
+    assert group["NodeRepairConfig"] == {"Enabled": True}
+    assert group["UpdateConfig"] == {"MaxUnavailable": 1}
+    assert len(group["Subnets"]) == 1
+    assert "RemoteAccess" not in group
+
+
+def test_instance_store_nvme_is_used_through_nodeadm(
+    variants: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    user_data = launch_data(variants["trn2.48xlarge", "on-demand"])["UserData"]
+    text = str(user_data)
+    assert "localStorage" in text and "RAID0" in text and "application/node.eks.aws" in text
+
+
+def test_placement_group_only_for_on_demand(
+    variants: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    for (_, mode), template in variants.items():
+        groups = of_type(template, "AWS::EC2::PlacementGroup")
+        data = launch_data(template)
+        if mode == "on-demand":
+            assert [g["Properties"]["Strategy"] for g in groups] == ["cluster"]
+            assert "Placement" in data
+            assert "CapacityReservationSpecification" not in data
+            assert nodegroup(template)["CapacityType"] == "ON_DEMAND"
+        else:
+            assert groups == [] and "Placement" not in data
+
+
+def test_capacity_block(variants: dict[tuple[str, str], dict[str, Any]]) -> None:
+    template = variants["trn3.48xlarge", "capacity-block"]
+    data = launch_data(template)
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION}
+    }
+    group = nodegroup(template)
+    assert group["CapacityType"] == "CAPACITY_BLOCK"
+    assert group["ScalingConfig"] == {"DesiredSize": 2, "MaxSize": 2, "MinSize": 0}
+
+
+def test_odcr(variants: dict[tuple[str, str], dict[str, Any]]) -> None:
+    template = variants["trn2.48xlarge", "odcr"]
+    data = launch_data(template)
+    assert "InstanceMarketOptions" not in data
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationPreference": "capacity-reservations-only",
+        "CapacityReservationTarget": {"CapacityReservationId": RESERVATION},
+    }
+    assert nodegroup(template)["CapacityType"] == "ON_DEMAND"
+
+
+def test_efa_security_group_is_open_to_itself_only(
+    variants: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    template = variants["trn3.48xlarge", "on-demand"]
+    (ingress,) = of_type(template, "AWS::EC2::SecurityGroupIngress")
+    (egress,) = of_type(template, "AWS::EC2::SecurityGroupEgress")
+    assert ingress["Properties"]["IpProtocol"] == "-1"
+    assert ingress["Properties"]["SourceSecurityGroupId"] == ingress["Properties"]["GroupId"]
+    assert egress["Properties"]["IpProtocol"] == "-1"
+    assert egress["Properties"]["DestinationSecurityGroupId"] == egress["Properties"]["GroupId"]
+    (group,) = of_type(template, "AWS::EC2::SecurityGroup")
+    assert "SecurityGroupIngress" not in group["Properties"]
+    assert group["Properties"]["SecurityGroupEgress"][0]["CidrIp"] == "255.255.255.255/32"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"instance_type": "p5.48xlarge"}, r"instance_type: .*'p5\.48xlarge' is not in the"),
+        ({"nodes": 65}, r"nodes 65 is not allowed; use 0 to 64"),
+        (
+            {"capacity": "odcr", "capacity_reservation_id": "cr-1"},
+            r"capacity_reservation_id 'cr-1'",
+        ),
+        ({"capacity_reservation_id": RESERVATION}, r"only used with capacity 'capacity-block'"),
+        ({"capacity": "spot"}, r"capacity 'spot' is not allowed"),
+        ({"root_volume_gib": 50}, r"root_volume_gib 50 is not allowed; use >= 100"),
+    ],
+)
+def test_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build(**overrides)
