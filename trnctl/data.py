@@ -100,7 +100,7 @@ def build_shards(
     files = source_files(source)
     if sum(f.stat().st_size for f in files) == 0:
         raise TrnctlError(f"source {str(source)!r} holds no text")
-    manifest = shard_format.write_dataset(
+    manifest: dict[str, Any] = shard_format.write_dataset(
         workdir,
         _byte_tokens(files),
         vocab_size=256,

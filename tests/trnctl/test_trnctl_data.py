@@ -161,6 +161,11 @@ def test_unknown_env_exits_4(trnctl: Any, corpus: Path) -> None:
             "trnctl: 's3:///tiny' is not an S3 location; expected s3://BUCKET/PREFIX\n",
         ),
         ("missing", "s3://datasets/x", "trnctl: source '{root}/missing' does not exist\n"),
+        (
+            "empty/blank.txt",
+            "s3://datasets/x",
+            "trnctl: source '{root}/empty/blank.txt' holds no text\n",
+        ),
         ("empty", "s3://datasets/x", "trnctl: source directory '{root}/empty' has no .txt files\n"),
     ],
 )
@@ -168,6 +173,8 @@ def test_bad_source_or_destination_is_a_usage_error(
     trnctl: Any, corpus: Path, source: str, dest: str, message: str
 ) -> None:
     (corpus.parent / "empty").mkdir()
+    if source.endswith(".txt"):
+        (corpus.parent / source).write_text("")
 
     run = stage(trnctl, corpus.parent / source, dest)
 
