@@ -52,7 +52,6 @@ def _exit(message: str, code: ExitCode) -> NoReturn:
 
 app = typer.Typer(
     cls=_ErrorHandlingGroup,
-    help="Operate a Trainium training platform: preflight, capacity, data, previews, cost.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
