@@ -30,7 +30,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.dev
-	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks
+	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer bench
 
 check: lint typecheck test
 

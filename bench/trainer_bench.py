@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from trainer import data, metrics, optim
 from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.config import PRESETS, TrainConfig

@@ -86,7 +86,7 @@ def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
         **common,
     )
     # The outputs name the bundled image, which the image stack's deploy publishes.
-    workloads.add_dependency(image)
+    workloads.add_stack_dependency(image)
     platform = Platform(
         network=network, data=data, cluster=cluster, image=image, workloads=workloads
     )

@@ -4,6 +4,7 @@ import boto3
 import pytest
 import torch
 from moto import mock_aws
+
 from trainer import optim
 from trainer.checkpoint import (
     Checkpointer,

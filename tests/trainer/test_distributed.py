@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from trainer import metrics
 from trainer.config import TrainConfig
 from trainer.loop import train

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from trainer import launch
 
 MULTI_NODE = {"NNODES": "4", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400"}

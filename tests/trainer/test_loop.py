@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from trainer import metrics
 from trainer.config import TrainConfig
 from trainer.loop import train

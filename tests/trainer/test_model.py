@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from trainer.config import PRESETS, ModelConfig, preset
 from trainer.model import GPT
 

@@ -2,6 +2,7 @@ import math
 from itertools import pairwise
 
 import pytest
+
 from trainer.optim import lr_at
 
 

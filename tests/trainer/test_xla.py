@@ -19,6 +19,7 @@ def test_tiny_trains_on_xla_without_recompiling(
 ) -> None:
     monkeypatch.setenv("PJRT_DEVICE", os.environ.get("PJRT_DEVICE", "CPU"))
     import torch_xla.debug.metrics as xla_metrics
+
     from trainer import metrics
     from trainer.config import TrainConfig
     from trainer.loop import train
