@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 from boto3.s3.transfer import TransferConfig
-from trainer import data as shard_format
 
+from trainer import data as shard_format
 from trnctl.errors import TrnctlError
 
 MIB = 1 << 20

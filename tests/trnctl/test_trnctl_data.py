@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer import data as shard_format
 
+from trainer import data as shard_format
 from trnctl import aws, data
 from trnctl.errors import TrnctlError
 
