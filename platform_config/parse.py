@@ -24,6 +24,7 @@ from platform_config.model import (
     TrnCapacity,
 )
 from trn_catalog import fsx as fsx_limits
+from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS
 
 CONTEXT_KEYS: tuple[str, ...] = (
     "account",
@@ -51,7 +52,7 @@ DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 DEFAULT_TTL_HOURS = 48
 # One Capacity Block holds at most 64 instances; a bigger fleet is several node groups.
 MAX_TRN_NODES = 64
-MAX_TTL_HOURS = 24 * 14
+MAX_TTL_HOURS = MAX_PREVIEW_TTL_HOURS
 FSX_MAX_GIB = 2_400_000
 PREVIEW_NAME_MAX = 20
 

@@ -13,9 +13,7 @@ from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
 from stacks.network_stack import NetworkStack
 from stacks.workloads_stack import WorkloadsStack
-
-TAG_ENVIRONMENT = "trn-platform:environment"
-TAG_PROFILE = "trn-platform:profile"
+from trn_catalog.outputs import TAG_ENVIRONMENT, TAG_PROFILE
 
 
 @dataclass(frozen=True)

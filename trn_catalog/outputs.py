@@ -1,7 +1,8 @@
-"""The contract between the deployed platform and its tools: one SSM parameter per environment.
+"""The contract between the deployed platform and its tools: stack tags and one SSM parameter
+of outputs per environment.
 
-The cluster stack writes :class:`EnvironmentOutputs` as JSON to :func:`parameter_name`; the ops CLI
-reads it to find an environment by name (``trn-dev``, ``trn-prod``, ``trn-pv-<project>``).
+The workloads stack writes :class:`EnvironmentOutputs` as JSON to :func:`parameter_name`; the
+ops CLI reads it to find an environment by name (``trn-dev``, ``trn-prod``, ``trn-pv-<proj>``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 PARAMETER_PREFIX = "/trn-platform"
+
+# Stack tags: every stack carries the environment and profile; preview stacks also carry the
+# project and their expiry (ISO-8601 UTC with Z), which `trnctl preview` reads and reaps by.
+TAG_ENVIRONMENT = "trn-platform:environment"
+TAG_PROFILE = "trn-platform:profile"
+TAG_PREVIEW = "trn-platform:preview"
+TAG_EXPIRES_AT = "trn-platform:expires-at"
+# A preview lives at most two weeks (ttl_hours at synth, `trnctl preview extend` after).
+MAX_PREVIEW_TTL_HOURS = 24 * 14
 
 
 def parameter_name(environment: str) -> str:

@@ -14,12 +14,11 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, TAG_EXPIRES_AT, TAG_PREVIEW
 from trnctl.errors import ExitCode, TrnctlError
 
-TAG_PREVIEW = "trn-platform:preview"
-TAG_EXPIRES_AT = "trn-platform:expires-at"
 # The platform's own limit on a preview's ttl_hours (platform_config.parse.MAX_TTL_HOURS).
-MAX_EXTEND_HOURS = 24 * 14
+MAX_EXTEND_HOURS = MAX_PREVIEW_TTL_HOURS
 # Capabilities a CDK stack with IAM resources and nested stacks needs for any update.
 CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
 _BUSY_SUFFIX = "_IN_PROGRESS"
