@@ -12,6 +12,17 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+import trn_catalog
+from constructs_lib.cluster import NEURON_TOLERATION
+
+RUNTIME_NAME = "neuron-torch"
+TRAINER_CONTAINER = "node"
+FSX_MOUNT = "/fsx"
+DATASETS_MOUNT = "/datasets"
+# The EFA driver pre-allocates 5128 x 2 MiB huge pages; each EFA pod asks for them (EFA docs).
+EFA_HUGEPAGES = "5120Mi"
+# Seconds between SIGTERM and SIGKILL: time for the trainer to write its last checkpoint.
+GRACE_SECONDS = 300
 FSX_CLAIM = "fsx"
 DATASETS_CLAIM = "datasets-s3"
 # The Mountpoint S3 CSI driver's controller service account (EKS add-on docs).
@@ -30,6 +41,10 @@ class TrainingWorkspaceProps:
             ``TrainingDataPaths.job_role``.
         mountpoint_role: the Mountpoint S3 driver's role (required), e.g.
             ``TrainingDataPaths.mountpoint_role``.
+        image_uri: the training image the runtime runs (required).
+        instance_type: the trn type the runtime targets, from the instance catalog (required).
+        compile_cache_url: ``s3://`` or path base of the Neuron compile cache (required).
+        nodes: default node count of a job. Default 1.
         fsx_storage_gib: the file system's size, stated on its PersistentVolume. Default 1200.
         namespace: default ``training``.
         service_account: the jobs' service account. Default ``trainer``.
@@ -40,6 +55,10 @@ class TrainingWorkspaceProps:
     datasets: s3.IBucket
     job_role: iam.IRole
     mountpoint_role: iam.IRole
+    image_uri: str
+    instance_type: str
+    compile_cache_url: str
+    nodes: int = 1
     fsx_storage_gib: int = 1200
     namespace: str = "training"
     service_account: str = "trainer"
@@ -53,11 +72,18 @@ class TrainingWorkspace(Construct):
     read-only Mountpoint S3 volume and claim on the datasets bucket, with the Mountpoint driver's
     service account bound to ``mountpoint_role``.
 
+    It also writes the Kubeflow Trainer ``TrainingRuntime`` ``neuron-torch`` that TrainJobs
+    reference: one pod per trn node asking for all of its Neuron devices and EFA interfaces (from
+    the instance catalog) and the EFA huge pages, tolerating the Neuron taint, with FSx at
+    ``/fsx``, the datasets bucket at ``/datasets``, the compile cache and a torchrun rank per
+    logical NeuronCore.
+
     Attributes:
-        manifest (the KubernetesManifest), fsx_claim, datasets_claim.
+        manifest (the KubernetesManifest), fsx_claim, datasets_claim, runtime_name.
 
     Raises:
-        ValueError: a namespace or service account name that is not a DNS label.
+        ValueError: a namespace or service account name that is not a DNS label, an instance
+            type outside the catalog, or nodes below 1.
     """
 
     def __init__(
@@ -68,7 +94,14 @@ class TrainingWorkspace(Construct):
             value = getattr(props, name)
             if not (value.replace("-", "").isalnum() and value.islower() and len(value) <= 63):
                 raise ValueError(f"{name} {value!r} is not a lowercase DNS label")
+        if props.nodes < 1:
+            raise ValueError(f"nodes {props.nodes} is not allowed; use 1 or more")
+        try:
+            self.spec = trn_catalog.get(props.instance_type)
+        except trn_catalog.UnknownInstanceTypeError as error:
+            raise ValueError(f"instance_type: {error}") from None
         self.props = props
+        self.runtime_name = RUNTIME_NAME
         self.fsx_claim = FSX_CLAIM
         self.datasets_claim = DATASETS_CLAIM
         for construct_id, role, (namespace, account) in (
@@ -151,7 +184,86 @@ class TrainingWorkspace(Construct):
                 },
             },
             _claim(DATASETS_CLAIM, namespace, f"{namespace}-datasets-s3", "ReadOnlyMany", "1200Gi"),
+            self.training_runtime(),
         ]
+
+    def training_runtime(self) -> dict[str, Any]:
+        """The ``neuron-torch`` TrainingRuntime (Kubeflow Trainer v2, one pod per node)."""
+        props, spec = self.props, self.spec
+        ancestor = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+        return {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainingRuntime",
+            "metadata": {
+                "name": RUNTIME_NAME,
+                "namespace": props.namespace,
+                "labels": {"trainer.kubeflow.org/framework": "torch"},
+            },
+            "spec": {
+                "mlPolicy": {
+                    "numNodes": props.nodes,
+                    "torch": {"numProcPerNode": spec.logical_neuron_cores},
+                },
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {
+                                "name": TRAINER_CONTAINER,
+                                "template": {
+                                    "metadata": {"labels": ancestor},
+                                    "spec": {"template": {"spec": self.pod_spec()}},
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+
+    def pod_spec(self) -> dict[str, Any]:
+        """The pod of one trn node in a job: all its devices, EFA, storage and identity."""
+        props, spec = self.props, self.spec
+        resources = {
+            "aws.amazon.com/neuron": spec.chips,
+            "vpc.amazonaws.com/efa": spec.efa_interfaces,
+            "hugepages-2Mi": EFA_HUGEPAGES,
+            # Leave room for the kubelet, system daemons and the host's page cache.
+            "memory": f"{spec.memory_gib * 3 // 4}Gi",
+            "cpu": str(spec.vcpus - 8 if spec.vcpus > 16 else spec.vcpus // 2),
+        }
+        return {
+            "serviceAccountName": props.service_account,
+            "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "nodeSelector": {
+                "trn-platform/node-type": "trainium",
+                "node.kubernetes.io/instance-type": props.instance_type,
+            },
+            "tolerations": [NEURON_TOLERATION],
+            "containers": [
+                {
+                    "name": TRAINER_CONTAINER,
+                    "image": props.image_uri,
+                    "env": [
+                        {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
+                        {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
+                    ],
+                    "resources": {"limits": resources, "requests": resources},
+                    "volumeMounts": [
+                        {"name": "fsx", "mountPath": FSX_MOUNT},
+                        {"name": "datasets", "mountPath": DATASETS_MOUNT, "readOnly": True},
+                        {"name": "dshm", "mountPath": "/dev/shm"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "fsx", "persistentVolumeClaim": {"claimName": FSX_CLAIM}},
+                {
+                    "name": "datasets",
+                    "persistentVolumeClaim": {"claimName": DATASETS_CLAIM, "readOnly": True},
+                },
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+            ],
+        }
 
 
 def _claim(name: str, namespace: str, volume: str, mode: str, size: str) -> dict[str, Any]:

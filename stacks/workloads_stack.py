@@ -49,6 +49,10 @@ class WorkloadsStack(Stack):
                 datasets=data.datasets,
                 job_role=data.job_role,
                 mountpoint_role=data.mountpoint_role,
+                image_uri=image.image_uri,
+                instance_type=config.trn.instance_type,
+                compile_cache_url=data.compile_cache_url,
+                nodes=max(config.trn.nodes, 1),
                 fsx_storage_gib=config.fsx.storage_gib,
             ),
         )

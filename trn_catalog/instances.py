@@ -86,6 +86,17 @@ class InstanceSpec:
         return self.chips * self.neuron_cores_per_chip
 
     @property
+    def default_lnc(self) -> int:
+        """Logical NeuronCore size by default: 2 physical cores per logical one on Trn2/Trn3
+        (Neuron LNC docs), 1 on Trn1."""
+        return 2 if self.generation >= 2 else 1
+
+    @property
+    def logical_neuron_cores(self) -> int:
+        """NeuronCores a job sees at the default LNC: one torchrun rank each."""
+        return self.neuron_cores // self.default_lnc
+
+    @property
     def device_memory_gib(self) -> int:
         return self.chips * self.device_memory_gib_per_chip
 

@@ -3,6 +3,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aws_cdk as cdk
+import jsonschema
 import kubernetes_validate
 import pytest
 from aws_cdk import aws_ec2 as ec2
@@ -11,7 +12,7 @@ from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 import trn_catalog
 from constructs_lib import NeuronCluster, NeuronClusterProps
 from tests.conftest import Synth
-from trn_catalog import versions
+from trn_catalog import crds, versions
 from trn_catalog.outputs import EnvironmentOutputs
 
 
@@ -235,9 +236,67 @@ def test_workspace_manifests_are_valid_kubernetes(dev: Synth) -> None:
         "PersistentVolumeClaim",
         "PersistentVolume",
         "PersistentVolumeClaim",
+        "TrainingRuntime",
     ]
     for manifest in manifests:
-        kubernetes_validate.validate(manifest, "1.35.0", strict=True)
+        if manifest["kind"] in crds.KINDS:
+            jsonschema.validate(manifest, crds.schema(manifest["kind"]))
+        else:
+            kubernetes_validate.validate(manifest, "1.35.0", strict=True)
+
+
+def runtime_pod(synth: Synth) -> dict[str, Any]:
+    runtime = synth.platform.workloads.workspace.training_runtime()
+    (job,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod: dict[str, Any] = job["template"]["spec"]["template"]["spec"]
+    return pod
+
+
+def test_runtime_pod_is_a_valid_pod(dev: Synth) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": runtime_pod(dev)}
+    kubernetes_validate.validate(pod, "1.35.0", strict=True)
+
+
+@pytest.mark.parametrize(("variant", "chips", "efa"), [("dev", 16, 16), ("odcr", 16, 8)])
+def test_runtime_asks_for_every_device_and_efa_of_the_node(
+    synth_variant: Callable[[str], Synth], variant: str, chips: int, efa: int
+) -> None:
+    synth = synth_variant(variant)
+    pod = runtime_pod(synth)
+    (container,) = pod["containers"]
+    limits = container["resources"]["limits"]
+    assert limits["aws.amazon.com/neuron"] == chips
+    assert limits["vpc.amazonaws.com/efa"] == efa
+    assert limits["hugepages-2Mi"] == "5120Mi"
+    assert container["resources"]["requests"] == limits
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["serviceAccountName"] == "trainer"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/fsx", "/datasets", "/dev/shm"} <= mounts
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NEURON_COMPILE_CACHE_URL"].endswith("/neuron-compile-cache")
+    runtime = synth.platform.workloads.workspace.training_runtime()
+    spec = trn_catalog.get(env["TRN_INSTANCE_TYPE"])
+    assert runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == spec.logical_neuron_cores
+
+
+def test_job_engine_schema_refuses_bad_jobs() -> None:
+    job = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "llama"},
+        "spec": {"runtimeRef": {"name": "neuron-torch"}, "trainer": {"numNodes": 2}},
+    }
+    jsonschema.validate(job, crds.schema("TrainJob"))
+    for bad in (
+        {"runtimeRef": {"name": "neuron-torch"}, "trainer": {"numNodes": 0}},
+        {"runtimeRef": {}},
+        {"runtimeRef": {"name": "x"}, "trainer": {"gpus": 8}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**job, "spec": bad}, crds.schema("TrainJob"))
 
 
 def test_workspace_volumes(dev: Synth) -> None:

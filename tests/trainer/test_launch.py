@@ -37,6 +37,22 @@ def test_root_comm_id_for_several_nodes() -> None:
     assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
 
 
+def test_kubeflow_trainer_rendezvous_variables_are_understood() -> None:
+    pet = {f"PET_{k}": v for k, v in MULTI_NODE.items()} | {"PET_NPROC_PER_NODE": "64"}
+    env = launch.job_environment(pet, compiler="x", kernel_release="6.1")
+    assert {k: env[k] for k in MULTI_NODE} == MULTI_NODE
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
+    argv = launch.torchrun_argv(env, [])
+    assert "--nnodes=4" in argv and "--node-rank=2" in argv and "--nproc-per-node=64" in argv
+
+
+def test_ranks_follow_the_catalog_logical_cores() -> None:
+    assert launch.ranks_per_node({"TRN_INSTANCE_TYPE": "trn2.48xlarge"}) == 64
+    assert launch.ranks_per_node({"TRN_INSTANCE_TYPE": "trn1.32xlarge"}) == 32
+    lnc1 = {"TRN_INSTANCE_TYPE": "trn3.48xlarge", "NEURON_LOGICAL_NC_CONFIG": "1"}
+    assert launch.ranks_per_node(lnc1) == 128
+
+
 def test_compile_cache_is_keyed_by_compiler_version_and_flags() -> None:
     base = {"NEURON_COMPILE_CACHE_URL": "s3://cache-bucket/neuron/"}
     a = launch.job_environment(base, compiler="2.27.5334.0", kernel_release="6.1")

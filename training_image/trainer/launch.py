@@ -63,6 +63,11 @@ def job_environment(
     key of :func:`compile_cache_url`.
     """
     env = dict(environ)
+    # Kubeflow Trainer's torch runtime announces the rendezvous as PET_* (torchrun's own
+    # environment prefix); take those where the plain names are not set.
+    for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
+        if f"PET_{name}" in env:
+            env.setdefault(name, env[f"PET_{name}"])
     env.setdefault("FI_PROVIDER", "efa")
     env.setdefault("FI_EFA_USE_DEVICE_RDMA", "1")
     if _kernel_older_than(kernel_release or platform.release(), 5, 15):
@@ -91,7 +96,7 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
     import trn_catalog
 
     spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge"))
-    lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", "2" if spec.generation >= 2 else "1"))
+    lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc)))
     return spec.neuron_cores // lnc
 
 
