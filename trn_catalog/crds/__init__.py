@@ -28,4 +28,8 @@ def schema(kind: str) -> dict[str, Any]:
         raise KeyError(f"no schema for kind {kind!r}; known: {', '.join(KINDS)}")
     definition = "TrainJob" if kind == "TrainJob" else "TrainingRuntime"
     document = _document()
-    return {"$schema": document["$schema"], "$defs": document["$defs"], "$ref": f"#/$defs/{definition}"}
+    return {
+        "$schema": document["$schema"],
+        "$defs": document["$defs"],
+        "$ref": f"#/$defs/{definition}",
+    }
