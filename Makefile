@@ -17,7 +17,7 @@ export CDK_DISABLE_VERSION_CHECK := true
 export AWS_EC2_METADATA_DISABLED := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: synth test lint typecheck check bench train-local clean setup
+.PHONY: synth test lint typecheck check bench train-local diagram clean setup
 
 synth: $(VENV)/.runtime $(CDK)
 	$(CDK) synth --no-notices --quiet --output cdk.out
@@ -36,6 +36,13 @@ check: lint typecheck test
 
 bench: $(VENV)/.dev $(CDK)
 	$(PY) bench/run.py
+
+# The architecture picture in the README, drawn from the synthesized templates. Graphviz comes
+# from Debian's packages.
+diagram: synth
+	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz)
+	$(PY) docs/diagram.py cdk.out > docs/architecture.dot
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
 train-local: $(VENV)/.dev
 	bash training_image/demo.sh
