@@ -9,6 +9,7 @@ failure leaves through :class:`TrnctlError` or a botocore exception, which
 from __future__ import annotations
 
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -26,7 +27,19 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperGroup
 
-from trnctl import aws, capacity, cost, environment, preflight, previews
+import trn_catalog
+from trn_catalog.outputs import EnvironmentOutputs
+from trnctl import (
+    aws,
+    capacity,
+    cost,
+    environment,
+    jobs,
+    kube,
+    preflight,
+    previews,
+    validation,
+)
 from trnctl.errors import ExitCode, TrnctlError, from_aws
 
 
@@ -60,7 +73,8 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Operate a Trainium training platform: preflight, capacity, data, previews, cost.
+    """Operate a Trainium training platform: preflight, capacity, data, jobs, validation,
+    previews, cost.
 
     AWS credentials, region and endpoints come from the standard AWS environment (AWS_PROFILE,
     AWS_REGION, AWS_ENDPOINT_URL, ...).
@@ -369,6 +383,250 @@ def preview_reap(
         previews.reap(cfn, plan, on_deleted=lambda stack: console.print(f"deleted: {stack.name}"))
     if plan.malformed or plan.incomplete:
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+EnvOption = Annotated[str, typer.Option("--env", help="Environment name, e.g. trn-dev.")]
+ImageOption = Annotated[
+    str | None, typer.Option("--image", help="Training image URI; default: the environment's.")
+]
+NameOption = Annotated[
+    str | None,
+    typer.Option("--name", help="Job name (DNS-1035 label); default: generated with a timestamp."),
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print the TrainJob as YAML; call no Kubernetes API.")
+]
+
+
+def _outputs(env: str, region: str | None) -> EnvironmentOutputs:
+    return environment.lookup(env, aws.client("ssm", _region(region)))
+
+
+def _cluster(outputs: EnvironmentOutputs) -> kube.Cluster:
+    api = kube.connect(outputs.cluster_name, outputs.region)
+    return kube.Cluster(api, outputs.namespace)
+
+
+def _spec(outputs: EnvironmentOutputs) -> trn_catalog.InstanceSpec:
+    try:
+        return trn_catalog.get(outputs.instance_type)
+    except trn_catalog.UnknownInstanceTypeError as error:
+        raise TrnctlError(
+            f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
+        ) from None
+
+
+job_app = typer.Typer(
+    help="Training jobs (Kubeflow Trainer TrainJobs on the neuron-torch runtime).",
+    no_args_is_help=True,
+)
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("submit")
+def job_submit(
+    env: EnvOption,
+    preset: Annotated[str, typer.Option("--preset", help="Model preset of trn-train run.")],
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="Dataset prefix in the environment's datasets bucket (as `data stage --env` "
+            "takes it; mounted at /datasets), or an absolute path in the pod.",
+        ),
+    ],
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="trn nodes; default: the environment's node count."),
+    ] = None,
+    image: ImageOption = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1)] = None,
+    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
+    log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    name: NameOption = None,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Submit a training job: one pod per trn node with all its Neuron devices and EFA
+    interfaces; checkpoints and metrics go to /fsx under the job's name."""
+    # trainer.config imports only the standard library: the presets without torch.
+    from trainer.config import PRESETS
+
+    if preset not in PRESETS:
+        raise TrnctlError(f"--preset {preset!r} is unknown; known: {', '.join(PRESETS)}")
+    outputs = _outputs(env, region)
+    spec = _spec(outputs)
+    count = outputs.trn_nodes if nodes is None else nodes
+    if count > outputs.trn_nodes:
+        raise TrnctlError(
+            f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of {env}; the pods "
+            "would wait for capacity forever (scale the node group first)"
+        )
+    job_name = name or jobs.generated_name("train", preset, datetime.now(UTC))
+    args = jobs.TrainingArgs(preset, data, max_steps, checkpoint_every, log_every, seed)
+    job = jobs.render(
+        name=jobs.validate_name(job_name),
+        outputs=outputs,
+        nodes=count,
+        args=args.argv(job_name),
+        image=image,
+        labels={jobs.PRESET_LABEL: preset},
+    )
+    if dry_run:
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = _cluster(outputs)
+    drift = jobs.runtime_drift(cluster.runtime(), spec)
+    if drift:
+        raise TrnctlError(
+            f"TrainingRuntime neuron-torch in {outputs.namespace} does not match the catalog for "
+            f"{spec.name}: {'; '.join(drift)}; redeploy the workloads stack",
+            ExitCode.FAILED,
+        )
+    cluster.create(job)
+    _console().print(
+        f"submitted TrainJob {job_name}: {count} x {spec.name}, preset {preset}, in "
+        f"{outputs.namespace} on {outputs.cluster_name}; follow it with: trnctl job logs "
+        f"{job_name} --env {env} --follow",
+        soft_wrap=True,
+    )
+
+
+def _status_tables(job: dict[str, Any], pods: list[jobs.NodePod]) -> tuple[Table, Table]:
+    name = job["metadata"]["name"]
+    conditions = Table(title=f"TrainJob {name}")
+    for column in ("condition", "status", "reason", "since", "message"):
+        conditions.add_column(column, overflow="fold")
+    for c in jobs.conditions(job):
+        conditions.add_row(c.type, c.status, c.reason, c.since, c.message)
+    nodes = Table(title=f"pods of {name}")
+    for column in ("node", "pod", "phase", "instance", "restarts", "detail"):
+        nodes.add_column(column, overflow="fold")
+    for p in pods:
+        nodes.add_row(str(p.index), p.name, p.phase, p.node, str(p.restarts), p.detail)
+    return conditions, nodes
+
+
+@job_app.command("status")
+def job_status(
+    name: Annotated[str, typer.Argument(help="TrainJob name.")],
+    env: EnvOption,
+    region: RegionOption = None,
+) -> None:
+    """Show a job's conditions and its pod per node; exit 1 if the job failed."""
+    jobs.validate_name(name)
+    cluster = _cluster(_outputs(env, region))
+    job = cluster.get(name)
+    pods = jobs.node_pods(cluster.pods(name))
+    console = _console()
+    for table in _status_tables(job, pods):
+        console.print(table)
+    if jobs.outcome(job) == "Failed":
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+@job_app.command("logs")
+def job_logs(
+    name: Annotated[str, typer.Argument(help="TrainJob name.")],
+    env: EnvOption,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
+    node: Annotated[int, typer.Option("--node", min=0, help="Node index; 0 is rank 0.")] = 0,
+    region: RegionOption = None,
+) -> None:
+    """Print the log of a job's node pod (rank 0 by default)."""
+    jobs.validate_name(name)
+    cluster = _cluster(_outputs(env, region))
+    cluster.get(name)  # a clear "not found" for a wrong name
+    pods = jobs.node_pods(cluster.pods(name, index=node))
+    if not pods:
+        raise TrnctlError(
+            f"TrainJob {name!r} has no pod for node {node} yet; see trnctl job status {name} "
+            f"--env {env}",
+            ExitCode.NOT_FOUND,
+        )
+    pod = pods[-1].name  # the newest attempt when a restart left several
+    if follow:
+        for line in cluster.follow(pod):
+            typer.echo(line)
+    else:
+        typer.echo(cluster.log(pod), nl=False)
+
+
+@app.command("validate")
+def validate_command(
+    env: EnvOption,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds to wait for the job.")
+    ] = 1800,
+    size_mib: Annotated[
+        int, typer.Option("--size-mib", min=1, help="All-reduce message size per rank.")
+    ] = 64,
+    image: ImageOption = None,
+    name: NameOption = None,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Seconds between polls.")] = 10,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Run a validation job on every trn node (Neuron devices and cores, EFA interfaces, an
+    all-reduce across all ranks) and check it against the catalog; exit 1 if a node fails."""
+    outputs = _outputs(env, region)
+    spec = _spec(outputs)
+    job = validation.render(
+        outputs, now=datetime.now(UTC), name=name, image=image, size_mib=size_mib
+    )
+    job_name = job["metadata"]["name"]
+    if dry_run:
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = _cluster(outputs)
+    cluster.create(job)
+    typer.echo(f"submitted validation job {job_name} on {outputs.trn_nodes} nodes", err=True)
+    deadline = time.monotonic() + timeout
+    state = jobs.outcome(cluster.get(job_name))
+    while state is None:
+        if time.monotonic() >= deadline:
+            phases = ", ".join(sorted({p.phase for p in jobs.node_pods(cluster.pods(job_name))}))
+            raise TrnctlError(
+                f"validation job {job_name} did not finish within {timeout:g} s (pods: "
+                f"{phases or 'none'}); see trnctl job status {job_name} --env {env}",
+                ExitCode.FAILED,
+            )
+        time.sleep(poll)
+        state = jobs.outcome(cluster.get(job_name))
+    results = [
+        validation.judge(p.index, p.name, cluster.log(p.name), spec)
+        for p in jobs.node_pods(cluster.pods(job_name))
+    ]
+    table = Table(title=f"validate {env}: {outputs.trn_nodes} x {spec.name} ({job_name}: {state})")
+    for column in ("node", "pod", "neuron devices", "cores", "EFA", "all-reduce", "GB/s", "result"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        report = r.report or {}
+        gbps = report.get("allreduce_gbps")
+        table.add_row(
+            str(r.index),
+            r.pod,
+            f"{report.get('neuron_devices', '-')}/{spec.chips}",
+            f"{report.get('neuron_cores', '-')}/{spec.neuron_cores}",
+            f"{report.get('efa_interfaces', '-')}/{spec.efa_interfaces}",
+            {True: "ok", False: "failed"}.get(bool(report["allreduce_ok"]), "-")
+            if "allreduce_ok" in report
+            else "-",
+            f"{gbps:,.1f}" if isinstance(gbps, int | float) else "-",
+            "[green]pass[/]" if r.passed else f"[red]fail[/]: {'; '.join(r.problems)}",
+        )
+    _console().print(table)
+    failures = [f"node {r.index}: {'; '.join(r.problems)}" for r in results if not r.passed]
+    failures += [f"node {i}: no pod" for i in validation.missing_nodes(results, outputs.trn_nodes)]
+    if failures:
+        raise TrnctlError(
+            f"validation failed on {len(failures)} of {outputs.trn_nodes} nodes: "
+            + " | ".join(failures),
+            ExitCode.FAILED,
+        )
+    if state != "Complete":
+        raise TrnctlError(f"validation job {job_name} ended {state}", ExitCode.FAILED)
 
 
 @app.command("cost")

@@ -1,0 +1,261 @@
+"""TrainJob rendering and `job submit --dry-run`: names, schema, arguments, runtime drift."""
+
+from __future__ import annotations
+
+import ast
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import kubernetes_validate
+import pytest
+import yaml
+from test_trnctl_aws import OUTPUTS
+
+import trn_catalog
+from trn_catalog import workspace as ws
+from trnctl import jobs, kube
+from trnctl.errors import ExitCode, TrnctlError
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def deployed(moto: None) -> None:
+    boto3.client("ssm").put_parameter(
+        Name="/trn-platform/trn-dev/outputs", Value=OUTPUTS.to_json(), Type="String"
+    )
+
+
+@pytest.fixture
+def no_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a dry run must not reach Kubernetes")
+
+    monkeypatch.setattr(kube, "connect", refuse)
+
+
+def test_render_references_the_runtime_and_passes_the_schema() -> None:
+    args = jobs.TrainingArgs("125m", "tales", max_steps=100).argv("train-125m")
+
+    job = jobs.render(name="train-125m", outputs=OUTPUTS, nodes=2, args=args)
+
+    assert job["spec"]["runtimeRef"] == {
+        "name": "neuron-torch",
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+    }
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 2
+    assert trainer["image"] == OUTPUTS.image_uri
+    # Devices, EFA and hugepages come from the runtime, which the workspace renders from the
+    # catalog; the job must not override them with figures of its own.
+    assert "resourcesPerNode" not in trainer
+    assert job["metadata"]["namespace"] == "training"
+    assert trainer["args"] == [
+        "--preset",
+        "125m",
+        "--data",
+        "/datasets/tales",
+        "--checkpoint-dir",
+        "/fsx/checkpoints/train-125m",
+        "--metrics",
+        "/fsx/runs/train-125m/metrics.jsonl",
+        "--max-steps",
+        "100",
+    ]
+    jobs.check_schema(job)  # no exception
+
+
+def test_the_container_part_is_a_valid_kubernetes_container() -> None:
+    job = jobs.render(
+        name="train-x",
+        outputs=OUTPUTS,
+        nodes=1,
+        args=["--preset", "tiny"],
+        command=["python3", "-m", "trainer.validate_node"],
+    )
+    trainer = job["spec"]["trainer"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train-x-node-0-0"},
+        "spec": {
+            "containers": [
+                {
+                    "name": ws.TRAINER_CONTAINER,
+                    "image": trainer["image"],
+                    "command": trainer["command"],
+                    "args": trainer["args"],
+                }
+            ]
+        },
+    }
+
+    kubernetes_validate.validate(pod, "1.35.0", strict=True)
+
+
+def test_absolute_data_paths_are_kept() -> None:
+    argv = jobs.TrainingArgs("tiny", "/fsx/data/").argv("j")
+
+    assert argv[argv.index("--data") + 1] == "/fsx/data"
+
+
+def test_schema_errors_name_the_path() -> None:
+    job = jobs.render(name="train-x", outputs=OUTPUTS, nodes=1, args=[])
+    job["spec"]["trainer"]["numNodes"] = 0
+
+    with pytest.raises(TrnctlError, match=r"schema at spec\.trainer\.numNodes: 0 is less") as e:
+        jobs.check_schema(job)
+    assert e.value.exit_code == ExitCode.FAILED
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("Train", "not a DNS-1035 label"),
+        ("1b-run", "not a DNS-1035 label"),
+        ("run_1", "not a DNS-1035 label"),
+        ("run-", "not a DNS-1035 label"),
+        ("a" * 53, "has 53 characters; at most 52"),
+    ],
+)
+def test_bad_names_are_refused(name: str, match: str) -> None:
+    with pytest.raises(TrnctlError, match=match) as e:
+        jobs.validate_name(name)
+    assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_generated_names_are_valid_for_presets_starting_with_a_digit() -> None:
+    assert jobs.generated_name("train", "125m", NOW) == "train-125m-20261201-120000"
+    assert jobs.generated_name("validate", "", NOW) == "validate-20261201-120000"
+
+
+def test_dry_run_prints_the_trainjob_and_calls_no_kubernetes(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    run = trnctl(
+        "job", "submit", "--env", "trn-dev", "--nodes", "2", "--preset", "125m",
+        "--data", "tales", "--max-steps", "50", "--name", "run-1", "--dry-run",
+    )  # fmt: skip
+
+    assert run.exit_code == 0, run.stderr
+    job = yaml.safe_load(run.stdout)
+    assert job["kind"] == "TrainJob"
+    assert job["metadata"]["name"] == "run-1"
+    assert job["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/preset": "125m",
+    }
+    assert job["spec"]["trainer"]["numNodes"] == 2
+    assert job["spec"]["trainer"]["args"][-2:] == ["--max-steps", "50"]
+    jobs.check_schema(job)
+
+
+def test_dry_run_defaults_nodes_name_and_image(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    run = trnctl(
+        "job", "submit", "--env", "trn-dev", "--preset", "tiny", "--data", "d",
+        "--image", "example.com/trainer:2", "--dry-run",
+    )  # fmt: skip
+
+    job = yaml.safe_load(run.stdout)
+    assert job["spec"]["trainer"]["numNodes"] == OUTPUTS.trn_nodes
+    assert job["spec"]["trainer"]["image"] == "example.com/trainer:2"
+    assert job["metadata"]["name"].startswith("train-tiny-")
+    jobs.validate_name(job["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "line"),
+    [
+        (
+            ["--env", "trn-nope", "--preset", "tiny"],
+            ExitCode.NOT_FOUND,
+            "trnctl: unknown environment 'trn-nope': SSM parameter /trn-platform/trn-nope/outputs "
+            "does not exist in us-east-2; deploy it, or check --env and the region\n",
+        ),
+        (
+            ["--env", "trn-dev", "--preset", "7b"],
+            ExitCode.USAGE,
+            "trnctl: --preset '7b' is unknown; known: tiny, small, 125m, 1b\n",
+        ),
+        (
+            ["--env", "trn-dev", "--preset", "tiny", "--name", "My_Run"],
+            ExitCode.USAGE,
+            "trnctl: job name 'My_Run' is not a DNS-1035 label: lowercase letters, digits and "
+            "'-', starting with a letter and ending with a letter or digit\n",
+        ),
+        (
+            ["--env", "trn-dev", "--preset", "tiny", "--nodes", "3"],
+            ExitCode.USAGE,
+            "trnctl: --nodes 3 is more than the 2 trn nodes of trn-dev; the pods would wait for "
+            "capacity forever (scale the node group first)\n",
+        ),
+    ],
+)
+def test_submit_errors_are_one_line(
+    deployed: None, no_kubernetes: None, trnctl: Any, extra: list[str], code: int, line: str
+) -> None:
+    run = trnctl("job", "submit", "--data", "d", "--dry-run", *extra)
+
+    assert run.exit_code == code
+    assert run.stderr == line
+
+
+def _runtime(spec: trn_catalog.InstanceSpec, *, efa: int | None = None) -> dict[str, Any]:
+    """The shape of the workspace's runtime, with the catalog's figures (or a wrong EFA)."""
+    limits = {
+        "aws.amazon.com/neuron": spec.chips,
+        "vpc.amazonaws.com/efa": spec.efa_interfaces if efa is None else efa,
+        "hugepages-2Mi": "5120Mi",
+    }
+    pod = {"containers": [{"name": "node", "resources": {"limits": limits}}]}
+    return {
+        "spec": {
+            "mlPolicy": {"torch": {"numProcPerNode": spec.logical_neuron_cores}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
+                    ]
+                }
+            },
+        }
+    }
+
+
+def test_runtime_drift_is_empty_when_the_runtime_matches_the_catalog() -> None:
+    spec = trn_catalog.get("trn2.48xlarge")
+
+    assert jobs.runtime_drift(_runtime(spec), spec) == []
+
+
+def test_runtime_drift_names_a_wrong_efa_count() -> None:
+    spec = trn_catalog.get("trn2.48xlarge")
+
+    assert jobs.runtime_drift(_runtime(spec, efa=8), spec) == [
+        "vpc.amazonaws.com/efa 8 (catalog: 16)"
+    ]
+    assert jobs.runtime_drift({"spec": {}}, spec) == [
+        "it has no 'node' replicated job with a 'node' container"
+    ]
+
+
+def test_shared_workspace_names_match_the_construct() -> None:
+    """constructs_lib.workspace keeps its own copies (it is not ours to change); read them
+    without importing the CDK."""
+    tree = ast.parse((ROOT / "constructs_lib" / "workspace.py").read_text())
+    constants = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+    }
+
+    for name in ("RUNTIME_NAME", "TRAINER_CONTAINER", "FSX_MOUNT", "DATASETS_MOUNT"):
+        assert constants[name] == getattr(ws, name), name

@@ -1,0 +1,299 @@
+"""TrainJobs on the workspace's ``neuron-torch`` runtime: names, rendering, schema checks and
+reading their status back. Pure functions: no AWS or Kubernetes calls here (see
+:mod:`trnctl.kube`).
+
+The runtime already carries everything per node that the catalog decides (all Neuron devices
+and EFA interfaces, huge pages, FSx and S3 mounts, compile cache, the service account), so a
+TrainJob names the runtime and sets only the image, the trainer's arguments and the node count.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jsonschema
+import yaml
+
+from trn_catalog import crds
+from trn_catalog import workspace as ws
+from trn_catalog.instances import InstanceSpec
+from trn_catalog.outputs import EnvironmentOutputs
+from trnctl.errors import ExitCode, TrnctlError
+
+KIND = "TrainJob"
+PLURAL = "trainjobs"
+RUNTIME_PLURAL = "trainingruntimes"
+# Labels JobSet puts on every pod of a TrainJob (JobSet is named after the TrainJob) and the
+# index label of the Indexed Job behind the "node" replicated job (Kubernetes batch/v1). The
+# Kubeflow SDK selects a TrainJob's pods by the same three labels.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+PRESET_LABEL = "trn-platform/preset"
+PURPOSE_LABEL = "trn-platform/purpose"
+
+# DNS-1035 label (TrainJob and JobSet names). JobSet names each pod's hostname
+# <jobset>-<replicated job>-<job index>-<pod index>, itself a DNS label of at most 63
+# characters; with the replicated job "node", job index 0 and up to 3 digits of pod index that
+# leaves 63 - len("-node-0-999") = 52 characters for the name (derived, not a documented limit).
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME = 63 - len(f"-{ws.TRAINER_CONTAINER}-0-999")
+
+
+def validate_name(name: str) -> str:
+    """``name`` if it can name a TrainJob.
+
+    Raises:
+        TrnctlError: USAGE, naming the rule that ``name`` breaks.
+    """
+    if not _DNS_1035.match(name):
+        raise TrnctlError(
+            f"job name {name!r} is not a DNS-1035 label: lowercase letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit"
+        )
+    if len(name) > MAX_NAME:
+        raise TrnctlError(
+            f"job name {name!r} has {len(name)} characters; at most {MAX_NAME} fit in the pod "
+            "hostnames JobSet derives from it"
+        )
+    return name
+
+
+def generated_name(prefix: str, preset: str, now: datetime) -> str:
+    """``<prefix>-<preset>-<UTC yyyymmdd-hhmmss>``, e.g. ``train-125m-20261201-120000``; the
+    prefix keeps presets that start with a digit valid."""
+    slug = re.sub(r"[^a-z0-9]+", "-", preset.lower()).strip("-")
+    parts = [p for p in (prefix, slug, f"{now:%Y%m%d-%H%M%S}") if p]
+    return validate_name("-".join(parts)[:MAX_NAME].rstrip("-"))
+
+
+@dataclass(frozen=True)
+class TrainingArgs:
+    """What ``trn-train run`` gets inside the job (see ``trainer.cli``)."""
+
+    preset: str
+    data: str
+    max_steps: int | None = None
+    checkpoint_every: int | None = None
+    log_every: int | None = None
+    seed: int | None = None
+
+    def argv(self, job_name: str) -> list[str]:
+        """The entrypoint's arguments: data under the datasets mount unless ``data`` is an
+        absolute path, checkpoints and metrics on FSx under the job's name, so that a resubmitted
+        job with the same name resumes from its newest checkpoint."""
+        data = self.data if self.data.startswith("/") else f"{ws.DATASETS_MOUNT}/{self.data}"
+        argv = [
+            "--preset",
+            self.preset,
+            "--data",
+            data.rstrip("/") or "/",
+            "--checkpoint-dir",
+            f"{ws.FSX_MOUNT}/checkpoints/{job_name}",
+            "--metrics",
+            f"{ws.FSX_MOUNT}/runs/{job_name}/metrics.jsonl",
+        ]
+        for flag, value in (
+            ("--max-steps", self.max_steps),
+            ("--checkpoint-every", self.checkpoint_every),
+            ("--log-every", self.log_every),
+            ("--seed", self.seed),
+        ):
+            if value is not None:
+                argv += [flag, str(value)]
+        return argv
+
+
+def render(
+    *,
+    name: str,
+    outputs: EnvironmentOutputs,
+    nodes: int,
+    args: Sequence[str],
+    image: str | None = None,
+    command: Sequence[str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema.
+
+    Args:
+        name: the job's name (checked with :func:`validate_name`).
+        outputs: the environment (namespace, default image).
+        nodes: trn nodes, one pod each.
+        args: the container's arguments (the image's entrypoint passes them to ``trn-train
+            run``, or to ``command`` when given).
+        image: the training image; default: the environment's.
+        command: replaces the image's entrypoint (``trnctl validate`` runs its program so).
+        labels: extra labels on the TrainJob.
+
+    Raises:
+        TrnctlError: USAGE for a bad name or node count; FAILED if the result breaks the
+            TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
+    """
+    validate_name(name)
+    if nodes < 1:
+        raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
+    trainer: dict[str, Any] = {"image": image or outputs.image_uri, "numNodes": nodes}
+    if command is not None:
+        trainer["command"] = list(command)
+    trainer["args"] = list(args)
+    job = {
+        "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": outputs.namespace,
+            "labels": {MANAGED_BY_LABEL: "trnctl", **(labels or {})},
+        },
+        "spec": {
+            "runtimeRef": {
+                "name": ws.RUNTIME_NAME,
+                "apiGroup": ws.TRAINER_API_GROUP,
+                "kind": "TrainingRuntime",
+            },
+            "trainer": trainer,
+        },
+    }
+    check_schema(job)
+    return job
+
+
+def check_schema(job: Mapping[str, Any]) -> None:
+    """Validates ``job`` against the TrainJob schema kept in the catalog.
+
+    Raises:
+        TrnctlError: FAILED, naming the path of the first error.
+    """
+    schema = crds.schema(KIND)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(job), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        path = ".".join(str(p) for p in first.absolute_path) or "(root)"
+        raise TrnctlError(
+            f"rendered TrainJob breaks the {crds.TRAINER_API} schema at {path}: {first.message}",
+            ExitCode.FAILED,
+        )
+
+
+def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
+    """How the cluster's ``neuron-torch`` runtime differs from the catalog entry ``spec``: the
+    Neuron devices, EFA interfaces and huge pages its node container asks for, and its ranks per
+    node. Empty when they agree (or the runtime targets another type: see its nodeSelector)."""
+    problems: list[str] = []
+    try:
+        (replicated,) = [
+            r
+            for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+            if r.get("name") == ws.TRAINER_CONTAINER
+        ]
+        pod = replicated["template"]["spec"]["template"]["spec"]
+        (container,) = [c for c in pod["containers"] if c.get("name") == ws.TRAINER_CONTAINER]
+    except (KeyError, TypeError, ValueError):
+        node = ws.TRAINER_CONTAINER
+        return [f"it has no {node!r} replicated job with a {node!r} container"]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    wanted = {
+        "aws.amazon.com/neuron": spec.chips,
+        "vpc.amazonaws.com/efa": spec.efa_interfaces,
+    }
+    for resource, count in wanted.items():
+        if str(limits.get(resource)) != str(count):
+            problems.append(f"{resource} {limits.get(resource)} (catalog: {count})")
+    if "hugepages-2Mi" not in limits:
+        problems.append("no hugepages-2Mi (EFA needs them)")
+    procs = ((runtime["spec"].get("mlPolicy") or {}).get("torch") or {}).get("numProcPerNode")
+    if procs != spec.logical_neuron_cores:
+        problems.append(f"numProcPerNode {procs} (catalog: {spec.logical_neuron_cores})")
+    return problems
+
+
+def to_yaml(job: Mapping[str, Any]) -> str:
+    text: str = yaml.safe_dump(dict(job), sort_keys=False, default_flow_style=False)
+    return text
+
+
+def node_selector(name: str, *, index: int | None = None) -> str:
+    """Label selector of a TrainJob's node pods (only the pod of node ``index`` when given)."""
+    selector = f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL}={ws.TRAINER_CONTAINER}"
+    return selector if index is None else f"{selector},{JOB_INDEX_LABEL}={index}"
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    since: str
+
+
+def conditions(job: Mapping[str, Any]) -> list[Condition]:
+    """The TrainJob's status conditions, in the order the controller wrote them."""
+    found = (job.get("status") or {}).get("conditions") or []
+    return [
+        Condition(
+            type=str(c.get("type", "")),
+            status=str(c.get("status", "")),
+            reason=str(c.get("reason", "")),
+            message=" ".join(str(c.get("message", "")).split()),
+            since=str(c.get("lastTransitionTime", "")),
+        )
+        for c in found
+    ]
+
+
+def outcome(job: Mapping[str, Any]) -> str | None:
+    """``Complete`` or ``Failed`` once the TrainJob has finished, else None."""
+    for condition in conditions(job):
+        if condition.type in ("Complete", "Failed") and condition.status == "True":
+            return condition.type
+    return None
+
+
+@dataclass(frozen=True)
+class NodePod:
+    """One node's pod of a TrainJob, as ``job status`` shows it."""
+
+    index: int
+    name: str
+    phase: str
+    node: str
+    restarts: int
+    detail: str
+
+
+def node_pods(pods: Sequence[Any]) -> list[NodePod]:
+    """Pods (``V1Pod``) of the node replicated job, by node index."""
+    rows = []
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        try:
+            index = int(labels.get(JOB_INDEX_LABEL, ""))
+        except ValueError:
+            index = -1
+        statuses = (pod.status.container_statuses or []) if pod.status else []
+        restarts = sum(s.restart_count or 0 for s in statuses)
+        detail = ""
+        for status in statuses:
+            state = status.state
+            if state is not None and state.waiting is not None:
+                detail = state.waiting.reason or ""
+            elif state is not None and state.terminated is not None:
+                detail = f"{state.terminated.reason or 'exited'} ({state.terminated.exit_code})"
+        rows.append(
+            NodePod(
+                index=index,
+                name=pod.metadata.name,
+                phase=(pod.status.phase if pod.status else None) or "Unknown",
+                node=(pod.spec.node_name if pod.spec else None) or "-",
+                restarts=restarts,
+                detail=detail,
+            )
+        )
+    return sorted(rows, key=lambda r: (r.index, r.name))

@@ -1,0 +1,312 @@
+"""The kubernetes client for an environment's EKS cluster, without a kubeconfig or the AWS CLI.
+
+The API server's address and CA come from ``eks:DescribeCluster``; the bearer token is made as
+``aws eks get-token`` and aws-iam-authenticator make it: a presigned STS GetCallerIdentity URL
+that signs the header ``x-k8s-aws-id: <cluster name>``, valid 60 s, base64url-encoded without
+padding and prefixed ``k8s-aws-v1.``. EKS accepts such a token for 15 minutes, so the client
+asks for a fresh one before every request once the current one is older than
+:data:`TOKEN_REFRESH_S`.
+
+Kubernetes API failures leave through :func:`calling` as one-line :class:`TrnctlError`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import binascii
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from trn_catalog import workspace as ws
+from trnctl import aws, jobs
+from trnctl.errors import ExitCode, TrnctlError, one_line
+
+TOKEN_PREFIX = "k8s-aws-v1."
+CLUSTER_ID_HEADER = "x-k8s-aws-id"
+TOKEN_EXPIRES_S = 60
+TOKEN_REFRESH_S = 600
+# Seconds to wait for the API server to answer one request (connect, read); log streams read
+# without a limit.
+REQUEST_TIMEOUT = (10, 60)
+
+
+def token(sts: Any, cluster_name: str) -> str:
+    """An EKS bearer token for ``cluster_name``, signed with ``sts``'s credentials.
+
+    Args:
+        sts: a boto3 STS client in the cluster's region.
+        cluster_name: the EKS cluster's name.
+    """
+    events = sts.meta.events
+
+    def add_header(request: Any, **_: Any) -> None:
+        request.headers[CLUSTER_ID_HEADER] = cluster_name
+
+    # The header is not a GetCallerIdentity parameter, so it is added to the request before
+    # signing; the presigned URL then lists it in X-Amz-SignedHeaders.
+    handler_id = f"trnctl-eks-token-{id(add_header)}"
+    events.register("before-sign.sts.GetCallerIdentity", add_header, unique_id=handler_id)
+    try:
+        url = sts.generate_presigned_url(
+            "get_caller_identity", Params={}, ExpiresIn=TOKEN_EXPIRES_S, HttpMethod="GET"
+        )
+    finally:
+        events.unregister("before-sign.sts.GetCallerIdentity", unique_id=handler_id)
+    encoded = base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+    return TOKEN_PREFIX + encoded
+
+
+@dataclass(frozen=True)
+class ClusterEndpoint:
+    """Where a cluster's API server is: its URL and base64 CA bundle (None: system CAs)."""
+
+    name: str
+    url: str
+    ca_data: str | None
+
+
+def describe(eks: Any, cluster_name: str) -> ClusterEndpoint:
+    """The API endpoint of ``cluster_name``.
+
+    Raises:
+        TrnctlError: NOT_FOUND when the cluster does not exist; FAILED when it has no endpoint
+            yet (still creating).
+        botocore.exceptions.ClientError: any other EKS error.
+    """
+    try:
+        cluster = eks.describe_cluster(name=cluster_name)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        raise TrnctlError(
+            f"EKS cluster {cluster_name!r} not found in {eks.meta.region_name}: the environment's "
+            "outputs name a cluster that is gone; redeploy the cluster stack",
+            ExitCode.NOT_FOUND,
+        ) from None
+    url = cluster.get("endpoint")
+    if not url:
+        raise TrnctlError(
+            f"EKS cluster {cluster_name!r} has no API endpoint yet (status "
+            f"{cluster.get('status', 'unknown')}); wait until it is ACTIVE",
+            ExitCode.FAILED,
+        )
+    ca = (cluster.get("certificateAuthority") or {}).get("data")
+    return ClusterEndpoint(cluster_name, url, ca or None)
+
+
+def _ca_file(ca_data: str) -> str:
+    """Writes the decoded CA bundle to a private temporary file, removed when trnctl exits
+    (the kubernetes client takes a CA path only)."""
+    try:
+        pem = base64.b64decode(ca_data, validate=True)
+    except binascii.Error:
+        raise TrnctlError(
+            "EKS returned a certificate authority that is not base64", ExitCode.FAILED
+        ) from None
+    fd, path = tempfile.mkstemp(prefix="trnctl-eks-ca-", suffix=".crt")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def configuration(
+    endpoint: ClusterEndpoint,
+    make_token: Callable[[], str],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> k8s.Configuration:
+    """A client configuration for ``endpoint`` whose bearer token comes from ``make_token`` and
+    is renewed once it is :data:`TOKEN_REFRESH_S` old."""
+    config = k8s.Configuration()
+    config.host = endpoint.url.rstrip("/")
+    if endpoint.ca_data:
+        config.ssl_ca_cert = _ca_file(endpoint.ca_data)
+    config.api_key_prefix = {"authorization": "Bearer"}
+    made_at = [clock()]
+    config.api_key = {"authorization": make_token()}
+
+    def refresh(cfg: k8s.Configuration) -> None:
+        if clock() - made_at[0] >= TOKEN_REFRESH_S:
+            cfg.api_key["authorization"] = make_token()
+            made_at[0] = clock()
+
+    config.refresh_api_key_hook = refresh
+    # One retry on a dropped connection, not urllib3's three: a wrong endpoint should fail fast.
+    config.retries = 1
+    return config
+
+
+def connect(cluster_name: str, region: str) -> k8s.ApiClient:
+    """An API client for the EKS cluster ``cluster_name`` in ``region``."""
+    endpoint = describe(aws.client("eks", region), cluster_name)
+    sts = aws.client("sts", region)
+    return k8s.ApiClient(configuration(endpoint, lambda: token(sts, cluster_name)))
+
+
+@contextlib.contextmanager
+def calling(what: str, *, not_found: str | None = None) -> Iterator[None]:
+    """Turns Kubernetes API failures while doing ``what`` into one-line errors.
+
+    Args:
+        what: the operation, e.g. ``"create TrainJob x in training"``.
+        not_found: the message for a 404 (default: ``what`` failed, not found).
+    """
+    try:
+        yield
+    except ApiException as error:
+        raise _from_api(error, what, not_found) from None
+    except urllib3.exceptions.HTTPError as error:
+        reason = getattr(error, "reason", None) or error
+        raise TrnctlError(
+            f"cannot reach the Kubernetes API to {what}: {one_line(str(reason))}; check that "
+            "the cluster endpoint is reachable from here (private endpoints need a VPN or "
+            "bastion)",
+            ExitCode.AWS,
+        ) from None
+
+
+def _from_api(error: ApiException, what: str, not_found: str | None) -> TrnctlError:
+    status = int(error.status or 0)
+    message = _api_message(error)
+    if status == 401:
+        return TrnctlError(
+            f"the Kubernetes API did not accept the EKS token to {what} (401): the IAM "
+            "principal has no access entry on the cluster, or the clock is off",
+            ExitCode.AWS,
+        )
+    if status == 403:
+        return TrnctlError(
+            f"the Kubernetes API refused to {what} (403 Forbidden): {message}; grant the IAM "
+            "principal an EKS access entry with rights in the namespace",
+            ExitCode.AWS,
+        )
+    if status == 404:
+        return TrnctlError(not_found or f"cannot {what}: not found ({message})", ExitCode.NOT_FOUND)
+    if status == 409:
+        return TrnctlError(f"cannot {what}: {message}", ExitCode.USAGE)
+    return TrnctlError(f"Kubernetes API error to {what} ({status}): {message}", ExitCode.FAILED)
+
+
+def _api_message(error: ApiException) -> str:
+    """The ``message`` of a Kubernetes Status body, else the HTTP reason."""
+    import json
+
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return one_line(str(body["message"]))
+    return one_line(str(error.reason or "no detail"))
+
+
+class Cluster:
+    """The calls trnctl makes in one environment's namespace."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = k8s.CustomObjectsApi(api)
+        self.core = k8s.CoreV1Api(api)
+
+    def _custom(self, method: Callable[..., Any], plural: str, **kwargs: Any) -> Any:
+        return method(
+            ws.TRAINER_API_GROUP,
+            ws.TRAINER_API_VERSION,
+            self.namespace,
+            plural,
+            _request_timeout=REQUEST_TIMEOUT,
+            **kwargs,
+        )
+
+    def runtime(self) -> dict[str, Any]:
+        with calling(
+            f"read TrainingRuntime {ws.RUNTIME_NAME} in {self.namespace}",
+            not_found=(
+                f"TrainingRuntime {ws.RUNTIME_NAME!r} not found in namespace {self.namespace!r}: "
+                "deploy the workloads stack (it installs Kubeflow Trainer and the runtime)"
+            ),
+        ):
+            found: dict[str, Any] = self._custom(
+                self.custom.get_namespaced_custom_object, jobs.RUNTIME_PLURAL, name=ws.RUNTIME_NAME
+            )
+        return found
+
+    def create(self, job: dict[str, Any]) -> dict[str, Any]:
+        name = job["metadata"]["name"]
+        with calling(
+            f"create TrainJob {name} in {self.namespace}",
+            not_found=(
+                f"the cluster does not serve TrainJobs in namespace {self.namespace!r}: is "
+                "Kubeflow Trainer installed and the namespace deployed?"
+            ),
+        ):
+            created: dict[str, Any] = self._custom(
+                self.custom.create_namespaced_custom_object, jobs.PLURAL, body=job
+            )
+        return created
+
+    def get(self, name: str) -> dict[str, Any]:
+        with calling(
+            f"read TrainJob {name} in {self.namespace}",
+            not_found=f"TrainJob {name!r} not found in namespace {self.namespace!r}",
+        ):
+            found: dict[str, Any] = self._custom(
+                self.custom.get_namespaced_custom_object, jobs.PLURAL, name=name
+            )
+        return found
+
+    def pods(self, name: str, *, index: int | None = None) -> list[Any]:
+        with calling(f"list the pods of TrainJob {name} in {self.namespace}"):
+            listed = self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=jobs.node_selector(name, index=index),
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        return list(listed.items)
+
+    def log(self, pod: str) -> str:
+        with calling(f"read the log of pod {pod} in {self.namespace}"):
+            text: str = self.core.read_namespaced_pod_log(
+                pod,
+                self.namespace,
+                container=ws.TRAINER_CONTAINER,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        return text
+
+    def follow(self, pod: str) -> Iterator[str]:
+        """The pod's log, line by line, until the container exits."""
+        with calling(f"follow the log of pod {pod} in {self.namespace}"):
+            response = self.core.read_namespaced_pod_log(
+                pod,
+                self.namespace,
+                container=ws.TRAINER_CONTAINER,
+                follow=True,
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT[0], None),
+            )
+            try:
+                pending = b""
+                for chunk in response.stream(4096):
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        yield line.decode(errors="replace")
+                if pending:
+                    yield pending.decode(errors="replace")
+            finally:
+                response.release_conn()

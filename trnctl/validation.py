@@ -1,0 +1,105 @@
+"""``trnctl validate``: the validation TrainJob and the judgement of what its nodes report.
+
+Each node's pod runs ``python3 -m trainer.validate_node`` (shipped in the training image), which
+prints one JSON line per node (see ``trainer.validate_node``). This module renders that job,
+parses those lines out of the pod logs and compares them with the instance catalog.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from trn_catalog.instances import InstanceSpec
+from trn_catalog.outputs import EnvironmentOutputs
+from trnctl import jobs
+
+COMMAND = ("python3", "-m", "trainer.validate_node")
+RESULT_KEYS = ("node", "neuron_devices", "neuron_cores", "efa_interfaces", "allreduce_ok")
+
+
+def render(
+    outputs: EnvironmentOutputs,
+    *,
+    now: datetime,
+    name: str | None = None,
+    image: str | None = None,
+    size_mib: int = 64,
+    iterations: int = 10,
+) -> dict[str, Any]:
+    """The validation TrainJob: one pod per trn node of the environment."""
+    job_name = jobs.validate_name(name) if name else jobs.generated_name("validate", "", now)
+    return jobs.render(
+        name=job_name,
+        outputs=outputs,
+        nodes=outputs.trn_nodes,
+        image=image,
+        command=COMMAND,
+        args=["--size-mib", str(size_mib), "--iterations", str(iterations)],
+        labels={jobs.PURPOSE_LABEL: "validate"},
+    )
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """What one node's pod reported (``report`` None: no usable line), and the verdict."""
+
+    index: int
+    pod: str
+    report: dict[str, Any] | None
+    problems: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def parse(log: str) -> dict[str, Any] | None:
+    """The last JSON object in ``log`` that carries every key of :data:`RESULT_KEYS`."""
+    found = None
+    for line in log.splitlines():
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and all(key in value for key in RESULT_KEYS):
+            found = value
+    return found
+
+
+def judge(index: int, pod: str, log: str, spec: InstanceSpec) -> NodeResult:
+    """Compares one node's report with the catalog entry ``spec``."""
+    report = parse(log)
+    if report is None:
+        return NodeResult(index, pod, None, ("no validation result line in the pod's log",))
+    problems: list[str] = []
+    devices = report.get("neuron_devices")
+    if devices != spec.chips:
+        problems.append(f"neuron devices {devices}, catalog {spec.chips}")
+    cores = report.get("neuron_cores")
+    # neuron-ls counts physical NeuronCores per device; whether it reports logical ones when
+    # LNC=2 is not documented (unverified), so either figure of the catalog passes.
+    if cores not in (spec.neuron_cores, spec.logical_neuron_cores):
+        problems.append(
+            f"neuron cores {cores}, catalog {spec.neuron_cores} "
+            f"({spec.logical_neuron_cores} logical)"
+        )
+    efa = report.get("efa_interfaces")
+    if efa != spec.efa_interfaces:
+        problems.append(f"EFA interfaces {efa}, catalog {spec.efa_interfaces}")
+    if report.get("allreduce_ok") is not True:
+        error = report.get("error")
+        problems.append("all-reduce failed" + (f": {error}" if error else ""))
+    return NodeResult(index, pod, report, tuple(problems))
+
+
+def missing_nodes(results: Sequence[NodeResult], expected: int) -> list[int]:
+    """Node indexes in ``range(expected)`` with no pod at all."""
+    seen = {r.index for r in results}
+    return [i for i in range(expected) if i not in seen]
