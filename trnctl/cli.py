@@ -557,7 +557,7 @@ def job_logs(
 def validate_command(
     env: EnvOption,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1, help="Seconds to wait for the job.")
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the job.")
     ] = 1800,
     size_mib: Annotated[
         int, typer.Option("--size-mib", min=1, help="All-reduce message size per rank.")

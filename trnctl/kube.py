@@ -123,6 +123,9 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+_TOKEN_KEYS = ("BearerToken", "authorization")
+
+
 def configuration(
     endpoint: ClusterEndpoint,
     make_token: Callable[[], str],
@@ -135,13 +138,17 @@ def configuration(
     config.host = endpoint.url.rstrip("/")
     if endpoint.ca_data:
         config.ssl_ca_cert = _ca_file(endpoint.ca_data)
-    config.api_key_prefix = {"authorization": "Bearer"}
+    # kubernetes >= 36 reads the bearer token under "BearerToken", older clients under
+    # "authorization"; both are set so that either sends "authorization: Bearer <token>".
+    config.api_key_prefix = {key: "Bearer" for key in _TOKEN_KEYS}
     made_at = [clock()]
-    config.api_key = {"authorization": make_token()}
+    first = make_token()
+    config.api_key = {key: first for key in _TOKEN_KEYS}
 
     def refresh(cfg: k8s.Configuration) -> None:
         if clock() - made_at[0] >= TOKEN_REFRESH_S:
-            cfg.api_key["authorization"] = make_token()
+            fresh = make_token()
+            cfg.api_key.update({key: fresh for key in _TOKEN_KEYS})
             made_at[0] = clock()
 
     config.refresh_api_key_hook = refresh
@@ -279,14 +286,18 @@ class Cluster:
         return list(listed.items)
 
     def log(self, pod: str) -> str:
+        # The raw body, decoded here: kubernetes 36 deserializes a text/plain body of response
+        # type "str" as the repr of its bytes ("b'...'").
         with calling(f"read the log of pod {pod} in {self.namespace}"):
-            text: str = self.core.read_namespaced_pod_log(
+            response = self.core.read_namespaced_pod_log(
                 pod,
                 self.namespace,
                 container=ws.TRAINER_CONTAINER,
+                _preload_content=False,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return text
+        body: bytes = response.data
+        return body.decode(errors="replace")
 
     def follow(self, pod: str) -> Iterator[str]:
         """The pod's log, line by line, until the container exits."""

@@ -1,0 +1,212 @@
+"""A tiny Kubernetes API server on 127.0.0.1 with just the endpoints trnctl calls, so that the
+real kubernetes client's requests run end to end: TrainingRuntime get, TrainJob create/get, pod
+list by label selector, pod log (plain and follow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+TRAINER = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/(?P<ns>[^/]+)"
+ROUTES = [
+    ("GET", re.compile(TRAINER + r"/trainingruntimes/(?P<name>[^/]+)$"), "runtime"),
+    ("POST", re.compile(TRAINER + r"/trainjobs$"), "create"),
+    ("GET", re.compile(TRAINER + r"/trainjobs/(?P<name>[^/]+)$"), "get"),
+    ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
+    ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$"), "log"),
+]
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class FakeKube:
+    """State and recorded requests; ``errors[route] = (status, message)`` forces a failure."""
+
+    url: str = ""
+    runtime: dict[str, Any] | None = None
+    trainjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # TrainJob name -> statuses returned by successive GETs (the last one sticks).
+    statuses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    on_create: Callable[[dict[str, Any]], None] | None = None
+    requests: list[Request] = field(default_factory=list)
+
+    def add_pod(self, job: str, index: int, log: str, *, phase: str = "Succeeded") -> str:
+        name = f"{job}-node-0-{index}-abcde"
+        self.pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": "training",
+                    "labels": {
+                        "jobset.sigs.k8s.io/jobset-name": job,
+                        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                        "batch.kubernetes.io/job-completion-index": str(index),
+                    },
+                },
+                "spec": {
+                    "nodeName": f"ip-10-0-0-{index + 10}.ec2.internal",
+                    "containers": [{"name": "node", "image": "trainer:1"}],
+                },
+                "status": {
+                    "phase": phase,
+                    "containerStatuses": [
+                        {
+                            "name": "node",
+                            "image": "trainer:1",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                        }
+                    ],
+                },
+            }
+        )
+        self.logs[name] = log
+        return name
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    reasons = {403: "Forbidden", 404: "NotFound", 409: "AlreadyExists", 500: "InternalError"}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reasons.get(code, "Unknown"),
+        "code": code,
+    }
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 10
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _route(self, method: str) -> None:
+            parts = urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            state.requests.append(
+                Request(
+                    method,
+                    parts.path,
+                    parse_qs(parts.query),
+                    {k.lower(): v for k, v in self.headers.items()},
+                    body,
+                )
+            )
+            for verb, pattern, route in ROUTES:
+                found = pattern.match(parts.path)
+                if verb == method and found:
+                    if route in state.errors:
+                        code, message = state.errors[route]
+                        self._send(code, _status(code, message))
+                        return
+                    getattr(self, f"_{route}")(found.groupdict(), parse_qs(parts.query), body)
+                    return
+            self._send(404, _status(404, f"the server could not find {parts.path}"))
+
+        def do_GET(self) -> None:
+            self._route("GET")
+
+        def do_POST(self) -> None:
+            self._route("POST")
+
+        def _runtime(self, p: dict[str, str], q: Any, body: Any) -> None:
+            if state.runtime is None:
+                self._send(404, _status(404, f'trainingruntimes "{p["name"]}" not found'))
+            else:
+                self._send(200, state.runtime)
+
+        def _create(self, p: dict[str, str], q: Any, body: Any) -> None:
+            name = body["metadata"]["name"]
+            if name in state.trainjobs:
+                self._send(
+                    409, _status(409, f'trainjobs.trainer.kubeflow.org "{name}" already exists')
+                )
+                return
+            state.trainjobs[name] = body
+            if state.on_create is not None:
+                state.on_create(body)
+            self._send(201, body)
+
+        def _get(self, p: dict[str, str], q: Any, body: Any) -> None:
+            job = state.trainjobs.get(p["name"])
+            if job is None:
+                self._send(
+                    404, _status(404, f'trainjobs.trainer.kubeflow.org "{p["name"]}" not found')
+                )
+                return
+            sequence = state.statuses.get(p["name"])
+            if sequence:
+                job = {**job, "status": sequence[0]}
+                if len(sequence) > 1:
+                    sequence.pop(0)
+            self._send(200, job)
+
+        def _pods(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
+            selector = q.get("labelSelector", [""])[0]
+            items = [pod for pod in state.pods if _matches(pod["metadata"]["labels"], selector)]
+            self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+
+        def _log(self, p: dict[str, str], q: Any, body: Any) -> None:
+            if p["name"] not in state.logs:
+                self._send(404, _status(404, f'pods "{p["name"]}" not found'))
+            else:
+                self._send(200, state.logs[p["name"]], "text/plain")
+
+    return Handler
+
+
+def serve() -> Iterator[FakeKube]:
+    """Runs a :class:`FakeKube` on a free loopback port for the duration of the generator."""
+    state = FakeKube()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
