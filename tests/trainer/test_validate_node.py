@@ -1,0 +1,130 @@
+"""trainer.validate_node on CPU: device and EFA counts from fakes, the all-reduce over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer import validate_node
+
+NEURON_LS = json.dumps(
+    [
+        {"neuron_device": i, "bdf": f"{i:02x}:00.0", "nc_count": 8, "neuroncore_ids": []}
+        for i in range(16)
+    ]
+)
+
+
+def _script(path: Path, stdout: str, code: int = 0) -> str:
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {code}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def _sysfs(root: Path, interfaces: int) -> Path:
+    rdma = root / "class" / "infiniband"
+    rdma.mkdir(parents=True)
+    for i in range(interfaces):
+        (rdma / f"rdmap{i}s0").mkdir()
+    return root
+
+
+def test_neuron_inventory_counts_devices_and_cores(tmp_path: Path) -> None:
+    tool = _script(tmp_path / "neuron-ls", NEURON_LS)
+
+    assert validate_node.neuron_inventory(tool) == (16, 128)
+
+
+def test_neuron_inventory_is_unknown_without_the_tool_or_with_bad_output(tmp_path: Path) -> None:
+    assert validate_node.neuron_inventory(str(tmp_path / "missing")) == (None, None)
+    failing = _script(tmp_path / "neuron-ls-failing", "", code=1)
+    garbage = _script(tmp_path / "neuron-ls-garbage", "not json")
+
+    assert validate_node.neuron_inventory(failing) == (None, None)
+    assert validate_node.neuron_inventory(garbage) == (None, None)
+
+
+def test_efa_interfaces_from_sysfs(tmp_path: Path) -> None:
+    assert validate_node.efa_interfaces(_sysfs(tmp_path / "sys", 16)) == 16
+
+
+def test_efa_interfaces_from_fi_info_when_sysfs_has_none(tmp_path: Path) -> None:
+    listing = "\n".join(
+        f"provider: efa\n    fabric: efa\n    domain: rdmap{i}s0-rdm\n    version: 122.0"
+        for i in (0, 1, 1, 2)
+    )
+    fi_info = _script(tmp_path / "fi_info", listing)
+
+    assert validate_node.efa_interfaces(tmp_path / "nosys", fi_info) == 3
+    assert validate_node.efa_interfaces(tmp_path / "nosys", str(tmp_path / "none")) is None
+
+
+def test_node_mode_runs_an_allreduce_over_its_ranks_and_prints_one_line(tmp_path: Path) -> None:
+    """Node mode as a pod runs it: torchrun with two CPU ranks (gloo), fake tools and sysfs."""
+    tool = _script(tmp_path / "neuron-ls", NEURON_LS)
+    sysfs = _sysfs(tmp_path / "sys", 16)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        NPROC_PER_NODE="2",
+        OMP_NUM_THREADS="1",
+        PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        PET_NODE_RANK="0",
+    )
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.validate_node",
+            "--device",
+            "cpu",
+            "--size-mib",
+            "1",
+            "--iterations",
+            "2",
+            "--sysfs",
+            str(sysfs),
+            "--neuron-ls",
+            tool,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1
+    (report,) = lines
+    assert report["neuron_devices"] == 16
+    assert report["neuron_cores"] == 128
+    assert report["efa_interfaces"] == 16
+    assert report["allreduce_ok"] is True
+    assert report["allreduce_gbps"] > 0
+    assert report["world_size"] == 2
+    assert report["backend"] == "gloo"
+    assert report["node_rank"] == 0
+
+
+def test_what_trnctl_parses_is_what_the_program_prints(tmp_path: Path) -> None:
+    from trnctl import validation
+
+    line = json.dumps(
+        {
+            "node": "n",
+            "node_rank": 0,
+            "neuron_devices": 16,
+            "neuron_cores": 128,
+            "efa_interfaces": 16,
+            "allreduce_ok": True,
+            "allreduce_gbps": 1.0,
+        }
+    )
+
+    assert validation.parse(f"noise\n{line}\n") == json.loads(line)
