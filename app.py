@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import aws_cdk as cdk
@@ -29,7 +30,9 @@ def build_app(
         outdir=outdir,
         builtin_cloud_formation_validation=False,
     )
-    config = parse_config(app.node.get_all_context())
+    # A preview expires ttl_hours after this synth, to the minute.
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    config = parse_config(app.node.get_all_context(), now=now)
     platform = build_platform(app, config)
     # cdk-nag runs on every synth: an unacknowledged AwsSolutions finding fails it.
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))

@@ -135,7 +135,10 @@ def checkpoint_vs_dd(work: Path, rounds: int = 3) -> dict[str, float]:
             text=True,
         )
         # dd's own timing: the process start is not part of the disk's bandwidth.
-        dd_times.append(float(re.search(r"copied, ([0-9.e-]+) s", done.stderr).group(1)))
+        timing = re.search(r"copied, ([0-9.e-]+) s", done.stderr)
+        if timing is None:
+            raise RuntimeError(f"dd printed no timing: {done.stderr!r}")
+        dd_times.append(float(timing.group(1)))
         target.unlink()
     ckpt, dd = statistics.median(ckpt_times), statistics.median(dd_times)
     dd_bytes = max(1, size >> 20) << 20

@@ -11,6 +11,7 @@ from constructs_lib.network import (
     TrainingNetwork,
     TrainingNetworkProps,
 )
+from constructs_lib.preview import PreviewLifecycle, PreviewLifecycleProps
 from constructs_lib.training_image import TrainingImage, TrainingImageProps
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
 from constructs_lib.workspace import TrainingWorkspace, TrainingWorkspaceProps
@@ -23,6 +24,8 @@ __all__ = [
     "InstanceSpec",
     "NeuronCluster",
     "NeuronClusterProps",
+    "PreviewLifecycle",
+    "PreviewLifecycleProps",
     "TrainingDataPaths",
     "TrainingDataPathsProps",
     "TrainingImage",

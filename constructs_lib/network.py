@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
@@ -61,7 +62,10 @@ class TrainingNetworkProps:
 
     Attributes:
         trn_availability_zone: the AZ that holds the Trainium capacity (required).
-        availability_zones: the VPC's AZs, the trn AZ among them; at least two (required).
+        availability_zones: the new VPC's AZs, the trn AZ among them; at least two (required
+            unless ``vpc`` is given).
+        vpc: bring your own VPC instead: the construct then creates nothing and selects its
+            private subnets (the trn AZ must have one). Default: a new VPC.
         cidr: the VPC's IPv4 block. Default ``10.64.0.0/16``.
         private_subnet_mask: prefix length of each private subnet. Default 18 (16,379 usable
             addresses per AZ), sized for VPC CNI prefix delegation, which hands out /28 blocks.
@@ -75,7 +79,8 @@ class TrainingNetworkProps:
     """
 
     trn_availability_zone: str
-    availability_zones: Sequence[str]
+    availability_zones: Sequence[str] = ()
+    vpc: ec2.IVpc | None = None
     cidr: str = "10.64.0.0/16"
     private_subnet_mask: int = 18
     prefix_reservation_mask: int = 20
@@ -100,21 +105,30 @@ class TrainingNetwork(Construct):
 
     Attributes:
         vpc: the VPC.
-        cidr: the VPC's IPv4 block as a literal (for security group rules in other stacks).
-        endpoint_security_group: the group of all interface endpoints.
+        cidr: the VPC's IPv4 block (a literal for a new VPC, for rules in other stacks).
+        endpoint_security_group: the group of all interface endpoints (None with ``vpc``).
         trn_subnets: the selection of the trn AZ's private subnet (one subnet).
         private_subnets: the selection of all private subnets.
-        flow_log_group: the flow log group.
+        flow_log_group: the flow log group (None with ``vpc``).
 
     Raises:
         ValueError: fewer than two AZs, the trn AZ not among them, a bad CIDR or mask, more NAT
             gateways than AZs, or an unknown endpoint name. Each message names the prop.
     """
 
+    vpc: ec2.IVpc
+    cidr: str
+    flow_log_group: logs.LogGroup | None
+    endpoint_security_group: ec2.SecurityGroup | None
+    _selection: dict[str, Any]
+
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingNetworkProps) -> None:
         super().__init__(scope, construct_id)
         _validate(props)
         self.props = props
+        if props.vpc is not None:
+            self._adopt(props.vpc)
+            return
         self.cidr = props.cidr
         self.flow_log_key = log_group_key(self, "FlowLogKey", props.removal_policy)
         self.flow_log_group = logs.LogGroup(
@@ -148,6 +162,7 @@ class TrainingNetwork(Construct):
                 )
             },
         )
+        self._selection = {"subnet_group_name": PRIVATE_SUBNET_NAME}
         self.private_subnets = ec2.SubnetSelection(subnet_group_name=PRIVATE_SUBNET_NAME)
         self.trn_subnets = ec2.SubnetSelection(
             subnet_group_name=PRIVATE_SUBNET_NAME,
@@ -177,11 +192,30 @@ class TrainingNetwork(Construct):
             )
         self._reserve_prefixes()
 
+    def _adopt(self, vpc: ec2.IVpc) -> None:
+        """Bring-your-own VPC: select its private subnets; create nothing inside it."""
+        self.vpc = vpc
+        self.cidr = vpc.vpc_cidr_block
+        self.flow_log_group = None
+        self.endpoint_security_group = None
+        self._selection = {"subnet_type": ec2.SubnetType.PRIVATE_WITH_EGRESS}
+        self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.trn_subnets = ec2.SubnetSelection(
+            subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+            availability_zones=[self.props.trn_availability_zone],
+        )
+        zones = [s.availability_zone for s in vpc.private_subnets]
+        if self.props.trn_availability_zone not in zones:
+            raise ValueError(
+                f"trn_availability_zone {self.props.trn_availability_zone!r} has no private "
+                f"subnet in the given vpc; its private subnets are in {zones!r}"
+            )
+
     @property
     def trn_subnet(self) -> ec2.ISubnet:
         """The private subnet of the trn AZ: trn nodes, FSx and the EFA placement live here."""
         return self.vpc.select_subnets(
-            subnet_group_name=PRIVATE_SUBNET_NAME,
+            **self._selection,
             availability_zones=[self.props.trn_availability_zone],
         ).subnets[0]
 
@@ -199,6 +233,8 @@ class TrainingNetwork(Construct):
 
 
 def _validate(props: TrainingNetworkProps) -> None:
+    if props.vpc is not None:
+        return
     azs = list(props.availability_zones)
     if len(azs) < 2 or len(set(azs)) != len(azs):
         raise ValueError(

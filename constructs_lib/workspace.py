@@ -14,11 +14,15 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib.cluster import NEURON_TOLERATION
+from trn_catalog.workspace import (
+    DATASETS_MOUNT,
+    FSX_MOUNT,
+    RUNTIME_NAME,
+    TRAINER_API_GROUP,
+    TRAINER_API_VERSION,
+    TRAINER_CONTAINER,
+)
 
-RUNTIME_NAME = "neuron-torch"
-TRAINER_CONTAINER = "node"
-FSX_MOUNT = "/fsx"
-DATASETS_MOUNT = "/datasets"
 # The EFA driver pre-allocates 5128 x 2 MiB huge pages; each EFA pod asks for them (EFA docs).
 EFA_HUGEPAGES = "5120Mi"
 # Seconds between SIGTERM and SIGKILL: time for the trainer to write its last checkpoint.
@@ -192,7 +196,7 @@ class TrainingWorkspace(Construct):
         props, spec = self.props, self.spec
         ancestor = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
         return {
-            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "apiVersion": f"{TRAINER_API_GROUP}/{TRAINER_API_VERSION}",
             "kind": "TrainingRuntime",
             "metadata": {
                 "name": RUNTIME_NAME,

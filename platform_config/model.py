@@ -7,6 +7,7 @@ The values here are already validated (see :mod:`platform_config.parse`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import trn_catalog
@@ -110,6 +111,8 @@ class PlatformConfig:
     fsx: FsxSettings
     preview: str | None = None
     ttl_hours: int | None = None
+    expires_at: datetime | None = None
+    budget_email: str | None = None
     admin_role_arn: str | None = None
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
 import trn_catalog
@@ -41,6 +42,7 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "fsx_throughput_per_tib",
     "efa_fsx",
     "admin_role_arn",
+    "budget_email",
 )
 
 # Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
@@ -61,6 +63,7 @@ _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 _DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -276,12 +279,25 @@ def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
     return DEFAULT_TTL_HOURS if ttl is None else ttl
 
 
-def parse_config(context: Mapping[str, Any]) -> PlatformConfig:
+def _budget_email(reader: _Reader, preview: str | None) -> str | None:
+    email = reader.matching("budget_email", _EMAIL, "expected an email address")
+    reader.check(
+        email is None or preview is not None,
+        "budget_email",
+        email,
+        "only used with preview=<project>; it receives the preview's budget alerts",
+    )
+    return email
+
+
+def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> PlatformConfig:
     """Build a validated :class:`PlatformConfig` from CDK context.
 
     Args:
         context: the app's context, e.g. ``app.node.get_all_context()``; keys not listed in
             :data:`CONTEXT_KEYS` are ignored unless they look like a misspelling of one.
+        now: the time a preview's ``ttl_hours`` count from (timezone-aware); without it a
+            preview gets no ``expires_at``.
 
     Raises:
         ConfigError: one or more values are invalid; its message lists every problem with the
@@ -291,6 +307,7 @@ def parse_config(context: Mapping[str, Any]) -> PlatformConfig:
     reader.problems.extend(_near_misses(context))
     profile, preview = _profile(reader)
     account, region, az = _location(reader)
+    ttl_hours = _preview_ttl(reader, preview)
     config = PlatformConfig(
         account=account,
         region=region,
@@ -299,7 +316,9 @@ def parse_config(context: Mapping[str, Any]) -> PlatformConfig:
         trn=_trn(reader, profile),
         fsx=_fsx(reader, profile),
         preview=preview,
-        ttl_hours=_preview_ttl(reader, preview),
+        ttl_hours=ttl_hours,
+        expires_at=(now + timedelta(hours=ttl_hours)) if now and ttl_hours else None,
+        budget_email=_budget_email(reader, preview),
         admin_role_arn=reader.matching(
             "admin_role_arn",
             _ROLE_ARN,

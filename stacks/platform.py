@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aws_cdk import Environment, Stack, Tags
 from constructs import Construct
@@ -11,6 +11,7 @@ from platform_config import PlatformConfig
 from stacks.cluster_stack import ClusterStack
 from stacks.data_stack import DataStack
 from stacks.image_stack import ImageStack
+from stacks.lifecycle_stack import LifecycleStack
 from stacks.network_stack import NetworkStack
 from stacks.workloads_stack import WorkloadsStack
 from trn_catalog.outputs import TAG_ENVIRONMENT, TAG_PROFILE
@@ -29,10 +30,12 @@ class Platform:
     cluster: ClusterStack
     image: ImageStack
     workloads: WorkloadsStack
+    lifecycle: LifecycleStack | None = None
 
     @property
     def stacks(self) -> tuple[Stack, ...]:
-        return (self.network, self.data, self.cluster, self.image, self.workloads)
+        ordered = (self.network, self.data, self.cluster, self.image, self.workloads)
+        return ordered if self.lifecycle is None else (self.lifecycle, *ordered)
 
 
 def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
@@ -88,6 +91,16 @@ def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
     platform = Platform(
         network=network, data=data, cluster=cluster, image=image, workloads=workloads
     )
+    if config.preview:
+        lifecycle = LifecycleStack(
+            scope,
+            f"{name}-lifecycle",
+            config=config,
+            stacks=platform.stacks,
+            description=f"Trainium training platform {name}: expiry, deletion and budget",
+            **common,
+        )
+        platform = replace(platform, lifecycle=lifecycle)
     for stack in platform.stacks:
         Tags.of(stack).add(TAG_ENVIRONMENT, name)
         Tags.of(stack).add(TAG_PROFILE, config.env)

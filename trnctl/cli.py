@@ -28,7 +28,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import trn_catalog
-from trn_catalog.outputs import EnvironmentOutputs
+from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW, EnvironmentOutputs
 from trnctl import (
     aws,
     capacity,
@@ -366,12 +366,12 @@ def preview_reap(
     console = _console()
     for stack in plan.malformed:
         console.print(
-            f"left alone: {stack.name} has a malformed {previews.TAG_EXPIRES_AT} "
+            f"left alone: {stack.name} has a malformed {TAG_EXPIRES_AT} "
             f"{stack.expires_raw!r} (expected ISO-8601 UTC, e.g. 2026-12-01T12:00:00Z)",
             soft_wrap=True,
         )
     for stack in plan.incomplete:
-        missing = previews.TAG_EXPIRES_AT if stack.project else previews.TAG_PREVIEW
+        missing = TAG_EXPIRES_AT if stack.project else TAG_PREVIEW
         console.print(f"left alone: {stack.name} lacks the tag {missing}", soft_wrap=True)
     if not plan.delete:
         console.print(f"nothing to reap ({len(plan.active)} preview stacks not yet expired)")

@@ -1,3 +1,4 @@
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -62,6 +63,16 @@ def test_prod_profile_retains_and_protects() -> None:
     assert config.fsx.storage_gib == 4800 and config.profile.nat_gateways == 3
 
 
+def test_preview_expires_ttl_hours_after_now() -> None:
+    now = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+    config = parse_config({"preview": "nlp", "ttl_hours": "12"}, now=now)
+    assert config.expires_at == datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    assert parse_config({}, now=now).expires_at is None
+    assert parse_config({"preview": "nlp", "budget_email": "ml@example.com"}).budget_email == (
+        "ml@example.com"
+    )
+
+
 def test_preview_profile() -> None:
     config = parse(preview="team-nlp", ttl_hours="12")
     assert config.env == "preview" and config.name == "trn-pv-team-nlp"
@@ -108,6 +119,8 @@ BAD_INPUT = [
         {"admin_role_arn": "arn:aws:iam::210987654321:user/alice"},
         r"admin_role_arn: .*:user/alice' .*IAM role ARN",
     ),
+    ({"budget_email": "ml@example.com"}, r"budget_email: .*only used with preview=<project>"),
+    ({"preview": "nlp", "budget_email": "ml"}, r"budget_email: 'ml' .*email address"),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
 ]
@@ -144,6 +157,7 @@ def test_context_keys_are_the_documented_names() -> None:
         "fsx_throughput_per_tib",
         "efa_fsx",
         "admin_role_arn",
+        "budget_email",
     )
 
 

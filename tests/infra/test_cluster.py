@@ -13,6 +13,7 @@ import trn_catalog
 from constructs_lib import NeuronCluster, NeuronClusterProps
 from tests.conftest import Synth
 from trn_catalog import crds, versions
+from trn_catalog import workspace as shared
 from trn_catalog.outputs import EnvironmentOutputs
 
 
@@ -278,6 +279,9 @@ def test_runtime_asks_for_every_device_and_efa_of_the_node(
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NEURON_COMPILE_CACHE_URL"].endswith("/neuron-compile-cache")
     runtime = synth.platform.workloads.workspace.training_runtime()
+    # trnctl finds the runtime and its container by these shared names.
+    assert runtime["metadata"]["name"] == shared.RUNTIME_NAME
+    assert container["name"] == shared.TRAINER_CONTAINER
     spec = trn_catalog.get(env["TRN_INSTANCE_TYPE"])
     assert runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == spec.logical_neuron_cores
 

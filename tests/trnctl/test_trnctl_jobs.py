@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -243,19 +242,3 @@ def test_runtime_drift_names_a_wrong_efa_count() -> None:
     assert jobs.runtime_drift({"spec": {}}, spec) == [
         "it has no 'node' replicated job with a 'node' container"
     ]
-
-
-def test_shared_workspace_names_match_the_construct() -> None:
-    """constructs_lib.workspace keeps its own copies (it is not ours to change); read them
-    without importing the CDK."""
-    tree = ast.parse((ROOT / "constructs_lib" / "workspace.py").read_text())
-    constants = {
-        node.targets[0].id: node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.targets[0], ast.Name)
-        and isinstance(node.value, ast.Constant)
-    }
-
-    for name in ("RUNTIME_NAME", "TRAINER_CONTAINER", "FSX_MOUNT", "DATASETS_MOUNT"):
-        assert constants[name] == getattr(ws, name), name

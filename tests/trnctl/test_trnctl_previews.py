@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
 from trnctl import aws, previews
 
 NOW = datetime.now(UTC)
@@ -28,9 +29,9 @@ def cfn(moto: None) -> Any:
 def tagged(cfn: Any, name: str, project: str | None, expires: str | None, **other: str) -> None:
     tags = [{"Key": k, "Value": v} for k, v in other.items()]
     if project is not None:
-        tags.append({"Key": previews.TAG_PREVIEW, "Value": project})
+        tags.append({"Key": TAG_PREVIEW, "Value": project})
     if expires is not None:
-        tags.append({"Key": previews.TAG_EXPIRES_AT, "Value": expires})
+        tags.append({"Key": TAG_EXPIRES_AT, "Value": expires})
     cfn.create_stack(StackName=name, TemplateBody=TEMPLATE, Tags=tags)
 
 
@@ -170,15 +171,15 @@ def test_extend_moves_the_expiry_of_the_projects_stacks_only(trnctl: Any, cfn: A
     assert run.exit_code == 0, run.stderr
     network = tags_of(cfn, "trn-pv-gamma-network")
     # Still ahead: moved from the current expiry, other tags kept.
-    assert previews.parse_expiry(network[previews.TAG_EXPIRES_AT]) == previews.parse_expiry(
+    assert previews.parse_expiry(network[TAG_EXPIRES_AT]) == previews.parse_expiry(
         FUTURE
     ) + timedelta(hours=12)
     assert network["owner"] == "ml"
     # Already expired: moved from now.
-    data_expiry = previews.parse_expiry(tags_of(cfn, "trn-pv-gamma-data")[previews.TAG_EXPIRES_AT])
+    data_expiry = previews.parse_expiry(tags_of(cfn, "trn-pv-gamma-data")[TAG_EXPIRES_AT])
     assert data_expiry is not None
     assert timedelta(hours=11) < data_expiry - NOW < timedelta(hours=13)
-    assert tags_of(cfn, "trn-pv-beta-network")[previews.TAG_EXPIRES_AT] == FUTURE
+    assert tags_of(cfn, "trn-pv-beta-network")[TAG_EXPIRES_AT] == FUTURE
     assert "trn-pv-gamma-data: expires-at " in run.stdout
 
 
@@ -207,8 +208,8 @@ def test_a_failed_deletion_is_one_line_and_exit_1(trnctl: Any, clients: Any, stu
         "CreationTime": NOW - timedelta(days=2),
         "StackStatus": "CREATE_COMPLETE",
         "Tags": [
-            {"Key": previews.TAG_PREVIEW, "Value": "alpha"},
-            {"Key": previews.TAG_EXPIRES_AT, "Value": PAST},
+            {"Key": TAG_PREVIEW, "Value": "alpha"},
+            {"Key": TAG_EXPIRES_AT, "Value": PAST},
         ],
     }
     cfn.add_response("describe_stacks", {"Stacks": [stack]})

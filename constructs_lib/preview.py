@@ -1,0 +1,296 @@
+"""PreviewLifecycle: a preview environment that tags itself, watches its cost and expires."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import jsii
+from aws_cdk import (
+    ArnFormat,
+    CfnDeletionPolicy,
+    CfnResource,
+    Duration,
+    RemovalPolicy,
+    Stack,
+    Tags,
+    TimeZone,
+)
+from aws_cdk import aws_budgets as budgets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as targets
+from aws_cdk import aws_sns as sns
+from constructs import Construct, IConstruct, IValidation
+
+from constructs_lib._common import (
+    acknowledge_managed_policies,
+    acknowledge_wildcards,
+    log_group_key,
+)
+from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+
+REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
+ALERT_THRESHOLDS = (50, 80, 100)
+_PROJECT = re.compile(r"^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
+
+
+@dataclass(frozen=True)
+class PreviewLifecycleProps:
+    """Props of :class:`PreviewLifecycle`.
+
+    Attributes:
+        project: the preview's DNS-safe project name, at most 20 characters (required).
+        expires_at: when the preview is deleted; timezone-aware (required).
+        stacks: the preview's stacks in deployment order (required); they are tagged, checked
+            for RETAIN and deleted in reverse order at expiry. Put the lifecycle's own stack
+            first so that it goes last.
+        budget_usd: monthly cost budget of the preview's tagged resources. Default 500.
+        alert_email: an address that also gets the budget alerts. Default none.
+    """
+
+    project: str
+    expires_at: datetime
+    stacks: Sequence[Stack]
+    budget_usd: int = 500
+    alert_email: str | None = None
+    thresholds: Sequence[int] = field(default=ALERT_THRESHOLDS)
+
+
+class PreviewLifecycle(Construct):
+    """Makes a set of stacks a self-expiring preview environment.
+
+    Default settings: every stack is tagged ``trn-platform:preview=<project>`` and
+    ``trn-platform:expires-at=<ISO-8601 UTC>`` and refuses, at synth, any resource that asks to
+    be retained; a one-time EventBridge Scheduler schedule at expiry invokes a small function
+    that deletes the stacks newest first, each only if its tags match; an AWS Budgets budget on
+    the preview tag alerts at 50, 80 and 100 percent to a KMS-encrypted SNS topic (and to
+    ``alert_email`` when given).
+
+    The function may only describe and delete the preview's own stacks: CloudFormation deletes
+    their resources with the service role each stack was deployed with (``cdk deploy`` uses the
+    bootstrap's CloudFormation execution role), so the function holds no resource permissions.
+
+    Attributes:
+        reaper (the function), schedule, topic, budget.
+
+    Raises:
+        ValueError: a project name that is not DNS-safe, a naive or past-the-epoch expiry, no
+            stacks, a budget below 1 USD or a malformed email.
+    """
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, props: PreviewLifecycleProps
+    ) -> None:
+        super().__init__(scope, construct_id)
+        _validate(props)
+        self.props = props
+        expires = props.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for stack in props.stacks:
+            Tags.of(stack).add(TAG_PREVIEW, props.project)
+            Tags.of(stack).add(TAG_EXPIRES_AT, expires)
+            stack.node.add_validation(_RefuseRetain(stack))
+        self.reaper = self._reaper()
+        self.schedule = self._schedule(expires)
+        self.topic = self._topic()
+        self.budget = self._budget()
+
+    def _reaper(self) -> lambda_.Function:
+        stack = Stack.of(self)
+        name = f"trn-pv-{self.props.project}-reaper"
+        function = lambda_.Function(
+            self,
+            "Reaper",
+            function_name=name,
+            description=f"Deletes preview {self.props.project}'s stacks at expiry",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.handler",
+            code=lambda_.Code.from_asset(str(REAPER_CODE), exclude=["__pycache__", "*.pyc"]),
+            timeout=Duration.minutes(15),
+            memory_size=256,
+            # One reaper at a time: a continuation must not race the run that started it.
+            reserved_concurrent_executions=1,
+            log_group=logs.LogGroup(
+                self,
+                "ReaperLogs",
+                retention=logs.RetentionDays.ONE_MONTH,
+                encryption_key=log_group_key(self, "ReaperLogKey", RemovalPolicy.DESTROY),
+                removal_policy=RemovalPolicy.DESTROY,
+            ),
+        )
+        role = function.role
+        assert isinstance(role, iam.Role)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudformation:DescribeStacks", "cloudformation:DeleteStack"],
+                resources=[
+                    stack.format_arn(
+                        service="cloudformation",
+                        resource="stack",
+                        resource_name=f"{s.stack_name}/*",
+                    )
+                    for s in self.props.stacks
+                ],
+            )
+        )
+        # Continuation: the function invokes itself by name (no token, so no dependency cycle).
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["lambda:InvokeFunction"],
+                resources=[
+                    stack.format_arn(
+                        service="lambda",
+                        resource="function",
+                        resource_name=name,
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        acknowledge_managed_policies(
+            role,
+            "AWSLambdaBasicExecutionRole: the AWS-maintained policy for writing the "
+            "function's own logs.",
+        )
+        acknowledge_wildcards(
+            role,
+            "Stack ARNs end in a generated id (stack/NAME/*); the names are this preview's own.",
+        )
+        return function
+
+    def _schedule(self, expires: str) -> scheduler.Schedule:
+        stacks = [s.stack_name for s in self.props.stacks]
+        event = {
+            "project": self.props.project,
+            "stacks": stacks,
+            "self_stack": Stack.of(self).stack_name,
+            "tags": {"preview": TAG_PREVIEW, "expires_at": TAG_EXPIRES_AT},
+        }
+        role = iam.Role(
+            self,
+            "ExpiryRole",
+            assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
+            description=f"EventBridge Scheduler invokes preview {self.props.project}'s reaper",
+        )
+        schedule = scheduler.Schedule(
+            self,
+            "Expiry",
+            description=f"Delete preview {self.props.project} at {expires}",
+            schedule=scheduler.ScheduleExpression.at(
+                self.props.expires_at.astimezone(UTC), TimeZone.ETC_UTC
+            ),
+            target=targets.LambdaInvoke(
+                self.reaper, input=scheduler.ScheduleTargetInput.from_object(event), role=role
+            ),
+        )
+        acknowledge_wildcards(role, "CDK grants invoke on the reaper and its versions (ARN:*).")
+        return schedule
+
+    def _topic(self) -> sns.Topic:
+        key = kms.Key(
+            self,
+            "AlertKey",
+            description=f"Encrypts preview {self.props.project}'s budget alerts",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        budgets_service = iam.ServicePrincipal("budgets.amazonaws.com")
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+                principals=[budgets_service],
+                resources=["*"],
+            )
+        )
+        topic = sns.Topic(self, "Alerts", master_key=key, enforce_ssl=True)
+        topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                actions=["sns:Publish"],
+                principals=[budgets_service],
+                resources=[topic.topic_arn],
+                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
+            )
+        )
+        return topic
+
+    def _budget(self) -> budgets.CfnBudget:
+        subscribers = [{"subscriptionType": "SNS", "address": self.topic.topic_arn}]
+        if self.props.alert_email:
+            subscribers.append({"subscriptionType": "EMAIL", "address": self.props.alert_email})
+        return budgets.CfnBudget(
+            self,
+            "Budget",
+            budget={
+                "budgetName": f"trn-pv-{self.props.project}",
+                "budgetType": "COST",
+                "timeUnit": "MONTHLY",
+                "budgetLimit": {"amount": self.props.budget_usd, "unit": "USD"},
+                # Needs the preview tag activated as a cost allocation tag in Billing.
+                "costFilters": {"TagKeyValue": [f"user:{TAG_PREVIEW}${self.props.project}"]},
+            },
+            notifications_with_subscribers=[
+                {
+                    "notification": {
+                        "notificationType": "ACTUAL",
+                        "comparisonOperator": "GREATER_THAN",
+                        "threshold": threshold,
+                        "thresholdType": "PERCENTAGE",
+                    },
+                    "subscribers": subscribers,
+                }
+                for threshold in self.props.thresholds
+            ],
+        )
+
+
+@jsii.implements(IValidation)
+class _RefuseRetain:
+    """Preview stacks are deleted at expiry: nothing in them may ask to be retained."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def validate(self) -> list[str]:
+        errors = []
+        for child in self.stack.node.find_all():
+            if isinstance(child, CfnResource) and _retains(child):
+                errors.append(
+                    f"{child.node.path}: preview stacks are destroyed at expiry, so RETAIN is "
+                    "refused; use RemovalPolicy.DESTROY (or deploy it as dev or prod)"
+                )
+        return errors
+
+
+def _retains(resource: IConstruct) -> bool:
+    options = resource.cfn_options  # type: ignore[attr-defined]
+    return options.deletion_policy in (
+        CfnDeletionPolicy.RETAIN,
+        CfnDeletionPolicy.RETAIN_EXCEPT_ON_CREATE,
+    )
+
+
+def _validate(props: PreviewLifecycleProps) -> None:
+    if not _PROJECT.fullmatch(props.project):
+        raise ValueError(
+            f"project {props.project!r} is not allowed; use a DNS-safe name of lowercase "
+            "letters, digits and '-', at most 20 characters"
+        )
+    if props.expires_at.tzinfo is None:
+        raise ValueError(f"expires_at {props.expires_at!r} must carry a timezone (use UTC)")
+    if not props.stacks:
+        raise ValueError("stacks is empty; pass the preview's stacks in deployment order")
+    if props.budget_usd < 1:
+        raise ValueError(f"budget_usd {props.budget_usd} is not allowed; use 1 or more")
+    if props.alert_email is not None and not _EMAIL.fullmatch(props.alert_email):
+        raise ValueError(f"alert_email {props.alert_email!r} is not an email address")
+    for threshold in props.thresholds:
+        if not 1 <= threshold <= 1000:
+            raise ValueError(f"thresholds: {threshold} is not a percentage from 1 to 1000")

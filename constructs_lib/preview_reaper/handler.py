@@ -1,0 +1,112 @@
+"""Deletes an expired preview environment's stacks, newest first (AWS Lambda handler).
+
+Invoked once by an EventBridge Scheduler schedule at the preview's expiry. A stack is deleted
+only if it carries the preview tag with this project and an expiry tag that has passed; the
+first stack that does not stops the run, since the stacks it depends on could not be deleted
+anyway. Deletions that outlast the invocation continue in a fresh asynchronous invocation.
+
+Standard library and boto3 only (both in the Lambda runtime), so it ships as a single file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+POLL_SECONDS = 15
+# Leave room to hand over to a fresh invocation before Lambda's timeout.
+HANDOVER_MS = 60_000
+
+
+def refusal(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> str | None:
+    """Why ``stack`` must not be deleted, or None when it may."""
+    tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
+    project = tags.get(event["tags"]["preview"])
+    if project != event["project"]:
+        return f"tag {event['tags']['preview']} is {project!r}, not {event['project']!r}"
+    expires = tags.get(event["tags"]["expires_at"], "")
+    try:
+        expiry = datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return f"tag {event['tags']['expires_at']} {expires!r} is not an ISO-8601 UTC time"
+    if expiry > now:
+        return f"expires at {expires}, not yet"
+    return None
+
+
+def reap(
+    cloudformation: Any,
+    event: dict[str, Any],
+    *,
+    now: datetime,
+    millis_left: Callable[[], int],
+    resume: Callable[[], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Delete ``event["stacks"]`` (given in deployment order) in reverse order.
+
+    Returns ``{"status": "done" | "stopped" | "continuing", "deleted": [...], "reason": ...}``.
+    """
+    deleted: list[str] = []
+    for name in reversed(event["stacks"]):
+        stack = _describe(cloudformation, name)
+        if stack is None:
+            continue
+        reason = refusal(stack, event, now)
+        if reason:
+            return {"status": "stopped", "deleted": deleted, "stack": name, "reason": reason}
+        if stack["StackStatus"] != "DELETE_IN_PROGRESS":
+            cloudformation.delete_stack(StackName=stack["StackId"])
+        if name == event.get("self_stack"):
+            deleted.append(name)
+            break  # this function goes with its own stack; nothing can follow
+        while (current := _describe(cloudformation, stack["StackId"])) is not None:
+            if current["StackStatus"] == "DELETE_FAILED":
+                reason = current.get("StackStatusReason", "delete failed")
+                return {"status": "stopped", "deleted": deleted, "stack": name, "reason": reason}
+            if millis_left() < HANDOVER_MS:
+                resume()
+                return {"status": "continuing", "deleted": deleted, "stack": name}
+            sleep(POLL_SECONDS)
+        deleted.append(name)
+    return {"status": "done", "deleted": deleted}
+
+
+def _describe(cloudformation: Any, name: str) -> dict[str, Any] | None:
+    try:
+        stacks = cloudformation.describe_stacks(StackName=name)["Stacks"]
+    except cloudformation.exceptions.ClientError as error:
+        if "does not exist" in str(error):
+            return None
+        raise
+    if not stacks or stacks[0]["StackStatus"] == "DELETE_COMPLETE":
+        return None
+    stack: dict[str, Any] = stacks[0]
+    return stack
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    import boto3
+
+    cloudformation = boto3.client("cloudformation")
+
+    def resume() -> None:
+        boto3.client("lambda").invoke(
+            FunctionName=context.invoked_function_arn,
+            InvocationType="Event",
+            Payload=json.dumps(event).encode(),
+        )
+
+    result = reap(
+        cloudformation,
+        event,
+        now=datetime.now(UTC),
+        millis_left=context.get_remaining_time_in_millis,
+        resume=resume,
+    )
+    print(json.dumps({"function": os.environ.get("AWS_LAMBDA_FUNCTION_NAME"), **result}))
+    return result

@@ -1,0 +1,158 @@
+"""Preview environments: names, tags, expiry, deletion, budget, and RETAIN refused."""
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_s3 as s3
+
+from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
+from platform_config import parse_config
+from stacks import build_platform
+from tests.conftest import Synth, context_with
+from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+
+NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+
+
+def preview_app(projects: tuple[str, ...], outdir: Path) -> cdk.App:
+    app = cdk.App(context=context_with({}), outdir=str(outdir))
+    for project in projects:
+        config = parse_config(
+            {"preview": project, "ttl_hours": "24", "budget_email": "ml@example.com"}, now=NOW
+        )
+        build_platform(app, config)
+    return app
+
+
+@pytest.fixture(scope="module")
+def two_previews(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    outdir = tmp_path_factory.mktemp("previews")
+    preview_app(("alpha", "beta"), outdir).synth()
+    return {
+        p.name.removesuffix(".template.json"): json.loads(p.read_text())
+        for p in outdir.glob("*.template.json")
+    }
+
+
+def named_values(template: dict[str, Any]) -> set[str]:
+    names = set()
+    for resource in template["Resources"].values():
+        props = resource.get("Properties", {})
+        for key in ("Name", "ClusterName", "NodegroupName", "FunctionName", "BudgetName"):
+            value = props.get(key) or props.get("Budget", {}).get(key)
+            if isinstance(value, str):
+                names.add(value)
+    return names
+
+
+def test_two_previews_synthesize_side_by_side(two_previews: dict[str, dict[str, Any]]) -> None:
+    parts = ("network", "data", "cluster", "image", "workloads", "lifecycle")
+    assert set(two_previews) == {f"trn-pv-{p}-{part}" for p in ("alpha", "beta") for part in parts}
+    alpha = set().union(*(named_values(t) for n, t in two_previews.items() if "-alpha-" in n))
+    beta = set().union(*(named_values(t) for n, t in two_previews.items() if "-beta-" in n))
+    assert alpha and beta and not alpha & beta
+    assert all("alpha" in name for name in alpha)
+    assert all("beta" in name for name in beta)
+
+
+def test_preview_stacks_are_tagged_and_expire(synth_variant: Callable[[str], Synth]) -> None:
+    synth = synth_variant("preview")
+    for stack in synth.platform.stacks:
+        tags = cdk.Stack.of(stack).tags.tag_values()
+        assert tags[TAG_PREVIEW] == "alpha"
+        expiry = datetime.strptime(tags[TAG_EXPIRES_AT], "%Y-%m-%dT%H:%M:%SZ")
+        assert expiry.second == 0
+
+
+def test_expiry_schedule_invokes_the_reaper_with_the_stacks(
+    two_previews: dict[str, dict[str, Any]],
+) -> None:
+    lifecycle = two_previews["trn-pv-alpha-lifecycle"]
+    (schedule,) = [
+        r["Properties"]
+        for r in lifecycle["Resources"].values()
+        if r["Type"] == "AWS::Scheduler::Schedule"
+    ]
+    assert schedule["ScheduleExpression"] == "at(2026-11-30T20:00:00)"
+    assert schedule["ScheduleExpressionTimezone"] == "Etc/UTC"
+    event = json.loads(schedule["Target"]["Input"])
+    assert event["project"] == "alpha" and event["self_stack"] == "trn-pv-alpha-lifecycle"
+    assert event["stacks"][0] == "trn-pv-alpha-lifecycle"
+    assert event["stacks"].index("trn-pv-alpha-network") < event["stacks"].index(
+        "trn-pv-alpha-workloads"
+    )
+    assert event["tags"] == {"preview": TAG_PREVIEW, "expires_at": TAG_EXPIRES_AT}
+
+
+def test_reaper_may_only_touch_this_previews_stacks(
+    two_previews: dict[str, dict[str, Any]],
+) -> None:
+    lifecycle = two_previews["trn-pv-alpha-lifecycle"]
+    policies = [r for r in lifecycle["Resources"].values() if r["Type"] == "AWS::IAM::Policy"]
+    statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    (stack_statement,) = [s for s in statements if "cloudformation:DeleteStack" in s["Action"]]
+    text = json.dumps(stack_statement["Resource"])
+    assert "stack/trn-pv-alpha-" in text and "beta" not in text
+    assert all(s["Resource"] != "*" for s in statements)
+
+
+def test_budget_alerts_at_50_80_100(two_previews: dict[str, dict[str, Any]]) -> None:
+    lifecycle = two_previews["trn-pv-alpha-lifecycle"]
+    (budget,) = [
+        r["Properties"]
+        for r in lifecycle["Resources"].values()
+        if r["Type"] == "AWS::Budgets::Budget"
+    ]
+    assert budget["Budget"]["CostFilters"] == {"TagKeyValue": ["user:trn-platform:preview$alpha"]}
+    thresholds = [n["Notification"]["Threshold"] for n in budget["NotificationsWithSubscribers"]]
+    assert thresholds == [50, 80, 100]
+    for notification in budget["NotificationsWithSubscribers"]:
+        kinds = {s["SubscriptionType"] for s in notification["Subscribers"]}
+        assert kinds == {"SNS", "EMAIL"}
+    (topic,) = [r for r in lifecycle["Resources"].values() if r["Type"] == "AWS::SNS::Topic"]
+    assert "KmsMasterKeyId" in topic["Properties"]
+
+
+def test_nothing_in_a_preview_is_retained(two_previews: dict[str, dict[str, Any]]) -> None:
+    for name, template in two_previews.items():
+        for logical_id, resource in template["Resources"].items():
+            assert resource.get("DeletionPolicy", "Delete") == "Delete", (name, logical_id)
+
+
+def test_a_retain_request_in_a_preview_is_refused(tmp_path: Path) -> None:
+    app = cdk.App(context=context_with({}), outdir=str(tmp_path))
+    config = parse_config({"preview": "gamma"}, now=NOW)
+    platform = build_platform(app, config)
+    s3.Bucket(platform.data, "Keep", removal_policy=cdk.RemovalPolicy.RETAIN)
+    with pytest.raises(
+        RuntimeError, match=r"trn-pv-gamma-data/Keep/Resource: preview stacks .*RETAIN is refused"
+    ):
+        app.synth()
+
+
+def lifecycle(**overrides: Any) -> PreviewLifecycle:
+    app = cdk.App()
+    stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region="us-east-2"))
+    props: dict[str, Any] = {"project": "delta", "expires_at": NOW, "stacks": [stack], **overrides}
+    return PreviewLifecycle(stack, "P", props=PreviewLifecycleProps(**props))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"project": "Delta_1"}, r"project 'Delta_1' is not allowed; use a DNS-safe name"),
+        ({"expires_at": datetime(2026, 12, 1)}, r"expires_at .* must carry a timezone"),
+        ({"stacks": []}, r"stacks is empty"),
+        ({"budget_usd": 0}, r"budget_usd 0 is not allowed"),
+        ({"alert_email": "ops"}, r"alert_email 'ops' is not an email address"),
+        ({"thresholds": [50, 0]}, r"thresholds: 0 is not a percentage"),
+    ],
+)
+def test_lifecycle_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        lifecycle(**overrides)
