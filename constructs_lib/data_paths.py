@@ -40,6 +40,9 @@ class TrainingDataPathsProps:
             recompile. Default 90.
         access_log_expiry_days: days S3 server access logs are kept. Default 365.
         encryption_key: bring your own KMS key for buckets and file system. Default: a new key.
+        datasets_bucket: bring your own datasets bucket (imported into ``/datasets`` and read by
+            jobs; its encryption key must let FSx's S3-access role use it). Default: a new
+            bucket.
     """
 
     vpc: ec2.IVpc
@@ -53,6 +56,7 @@ class TrainingDataPathsProps:
     compile_cache_expiry_days: int = 90
     access_log_expiry_days: int = 365
     encryption_key: kms.IKey | None = None
+    datasets_bucket: s3.IBucket | None = None
 
 
 class TrainingDataPaths(Construct):
@@ -98,7 +102,7 @@ class TrainingDataPaths(Construct):
             removal_policy=removal,
         )
         self.access_logs = self._access_log_bucket(removal)
-        self.datasets = self._bucket(
+        self.datasets: s3.IBucket = props.datasets_bucket or self._bucket(
             "Datasets",
             removal,
             versioned=True,

@@ -1,9 +1,11 @@
+import json
 from collections.abc import Callable
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_s3 as s3
 
 from constructs_lib import TrainingDataPaths, TrainingDataPathsProps
 from tests.conftest import Synth
@@ -234,6 +236,37 @@ def data_paths(**overrides: Any) -> TrainingDataPaths:
 def test_construct_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         data_paths(**overrides)
+
+
+def test_bring_your_own_datasets_bucket() -> None:
+    theirs_name = "research-datasets"
+    stack = cdk.Stack(
+        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
+    theirs = s3.Bucket.from_bucket_name(stack, "Theirs", theirs_name)
+    paths = TrainingDataPaths(
+        stack,
+        "D",
+        props=TrainingDataPathsProps(
+            vpc=vpc,
+            fsx_subnet=vpc.private_subnets[0],
+            lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
+            datasets_bucket=theirs,
+        ),
+    )
+    template = cdk.assertions.Template.from_stack(stack).to_json()
+    buckets = [i for i, r in template["Resources"].items() if r["Type"] == "AWS::S3::Bucket"]
+    assert not any(i.startswith("DDatasets") for i in buckets) and len(buckets) == 3
+    (association,) = [
+        r["Properties"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::FSx::DataRepositoryAssociation"
+        and r["Properties"]["FileSystemPath"] == "/datasets"
+    ]
+    assert association["DataRepositoryPath"] == f"s3://{theirs_name}"
+    assert paths.datasets is theirs
+    assert theirs_name in json.dumps(template)
 
 
 def test_construct_exposes_the_compile_cache_url() -> None:
