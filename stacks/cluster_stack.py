@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
 from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingNetwork
 from platform_config import PlatformConfig
+from stacks._removal import removal_policy
 
 
 class ClusterStack(Stack):
@@ -38,9 +39,7 @@ class ClusterStack(Stack):
                 kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
                 cluster_name=config.name,
                 admin_role_arn=config.admin_role_arn,
-                removal_policy=(
-                    RemovalPolicy.RETAIN if config.profile.retain_data else RemovalPolicy.DESTROY
-                ),
+                removal_policy=removal_policy(config),
             ),
         )
         self.trainium = self.neuron_cluster.add_trainium_nodegroup(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from constructs import Construct
 
 from constructs_lib import TrainingImage, TrainingImageProps
 from platform_config import PlatformConfig
+from stacks._removal import removal_policy
 
 # The image builds from the repository root; its .dockerignore lets in the trainer and catalog.
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -27,8 +28,6 @@ class ImageStack(Stack):
             "TrainingImage",
             props=TrainingImageProps(
                 directory=str(REPOSITORY_ROOT),
-                removal_policy=(
-                    RemovalPolicy.RETAIN if config.profile.retain_data else RemovalPolicy.DESTROY
-                ),
+                removal_policy=removal_policy(config),
             ),
         )

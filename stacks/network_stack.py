@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from constructs import Construct
 
 from constructs_lib import TrainingNetwork, TrainingNetworkProps
 from platform_config import PlatformConfig
+from stacks._removal import removal_policy
 
 
 class NetworkStack(Stack):
@@ -27,9 +28,7 @@ class NetworkStack(Stack):
                 availability_zones=azs,
                 nat_gateways=min(config.profile.nat_gateways, len(azs)),
                 flow_log_retention_days=config.profile.log_retention_days,
-                removal_policy=(
-                    RemovalPolicy.RETAIN if config.profile.retain_data else RemovalPolicy.DESTROY
-                ),
+                removal_policy=removal_policy(config),
             ),
         )
 
