@@ -32,8 +32,8 @@ class ChartPin:
 
 # EKS add-ons for Kubernetes 1.35. The first five are the versions awslabs/cdk-eks-blueprints
 # pins for 1.35 (2026-04). The other three have no source we could check offline; a wrong pin
-# fails the deploy, so they take EKS's default version for 1.35 until pinned from
-# `aws eks describe-addon-versions --kubernetes-version 1.35 --addon-name NAME`.
+# fails the deploy, so they take EKS's default version for 1.35 until pinned: `trnctl addons`
+# (eks:DescribeAddonVersions) prints the line to paste and fails on a pin EKS does not offer.
 ADDONS: tuple[AddonPin, ...] = (
     AddonPin(
         "vpc-cni", "v1.21.1-eksbuild.1", "cdk-eks-blueprints 1.35 pins; efa-only needs >= 1.18.5"

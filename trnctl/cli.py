@@ -28,8 +28,10 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import trn_catalog
+from trn_catalog import versions
 from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW, EnvironmentOutputs
 from trnctl import (
+    addons,
     aws,
     capacity,
     cost,
@@ -119,8 +121,13 @@ def preflight_command(
     checks = preflight.run(
         aws.client("ec2", resolved), aws.client("service-quotas", resolved), request
     )
-    table = Table(title=f"preflight: {count} x {instance_type} in {az}")
-    for column in ("check", "status", "detail", "fix"):
+    _print_checks(f"preflight: {count} x {instance_type} in {az}", "check", checks)
+
+
+def _print_checks(title: str, first_column: str, checks: list[preflight.Check]) -> None:
+    """A pass/warn/fail table with a fix per row; exit 1 when any check failed."""
+    table = Table(title=title)
+    for column in (first_column, "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
     styles = {preflight.Status.PASS: "green", preflight.Status.WARN: "yellow"}
     for check in checks:
@@ -129,6 +136,18 @@ def preflight_command(
     _console().print(table)
     if preflight.failed(checks):
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+@app.command("addons")
+def addons_command(
+    kubernetes_version: Annotated[
+        str, typer.Option("--kubernetes-version", help="The cluster's Kubernetes version.")
+    ] = versions.KUBERNETES_VERSION,
+    region: RegionOption = None,
+) -> None:
+    """Check the pinned EKS add-on versions against EKS; exit 1 if a pin is not offered."""
+    checks = addons.run(aws.client("eks", _region(region)), kubernetes_version)
+    _print_checks(f"EKS add-ons for Kubernetes {kubernetes_version}", "add-on", checks)
 
 
 capacity_app = typer.Typer(help="Find and buy EC2 Capacity Blocks for ML.", no_args_is_help=True)
