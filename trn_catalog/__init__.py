@@ -8,7 +8,6 @@ from trn_catalog.instances import (
     InstanceSpec,
     UnknownInstanceTypeError,
     get,
-    instance_types,
 )
 
 __all__ = [
@@ -19,5 +18,4 @@ __all__ = [
     "UnknownInstanceTypeError",
     "fsx",
     "get",
-    "instance_types",
 ]

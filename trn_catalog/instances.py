@@ -282,7 +282,3 @@ def get(instance_type: str) -> InstanceSpec:
         return CATALOG[instance_type]
     except KeyError:
         raise UnknownInstanceTypeError(instance_type) from None
-
-
-def instance_types() -> tuple[str, ...]:
-    return tuple(CATALOG)

@@ -92,15 +92,3 @@ TRAINER_CHART = ChartPin(
 )
 
 CHARTS: tuple[ChartPin, ...] = (NEURON_CHART, EFA_CHART, TRAINER_CHART)
-
-
-def addon(name: str) -> AddonPin:
-    """The pin of one EKS add-on.
-
-    Raises:
-        KeyError: no pin for ``name``.
-    """
-    for pin in ADDONS:
-        if pin.name == name:
-            return pin
-    raise KeyError(f"no pinned version for add-on {name!r}; pinned: {[p.name for p in ADDONS]}")
