@@ -10,10 +10,11 @@ CHECKOV_VENV := .tools/checkov
 CDK := node_modules/.bin/cdk
 PYTEST_WORKERS ?= 2
 
-# Offline and quiet: no CDK notices or version checks, no instance-metadata credential probe,
+# Offline and quiet: no CDK notices, version checks or telemetry, no instance-metadata probe,
 # no Node 20 end-of-life banner on every jsii call.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := true
+export CDK_DISABLE_CLI_TELEMETRY := true
 export AWS_EC2_METADATA_DISABLED := true
 export PYTHONDONTWRITEBYTECODE := 1
 

@@ -37,6 +37,7 @@ def synth_seconds(app_dir: Path, outdir: Path) -> float:
     env.update(
         AWS_EC2_METADATA_DISABLED="true",
         CDK_DISABLE_VERSION_CHECK="true",
+        CDK_DISABLE_CLI_TELEMETRY="true",
         JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
     )
     start = time.perf_counter()

@@ -16,6 +16,7 @@ def offline_env(**extra: str) -> dict[str, str]:
     env.update(
         AWS_EC2_METADATA_DISABLED="true",
         CDK_DISABLE_VERSION_CHECK="true",
+        CDK_DISABLE_CLI_TELEMETRY="true",
         JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
         **extra,
     )
