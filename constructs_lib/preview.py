@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,12 +33,11 @@ from constructs_lib._common import (
     acknowledge_wildcards,
     log_group_key,
 )
+from trn_catalog import formats
 from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
 
 REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
 ALERT_THRESHOLDS = (50, 80, 100)
-_PROJECT = re.compile(r"^[a-z]([a-z0-9-]{0,18}[a-z0-9])?$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 
 
 @dataclass(frozen=True)
@@ -278,10 +276,9 @@ def _retains(resource: IConstruct) -> bool:
 
 
 def _validate(props: PreviewLifecycleProps) -> None:
-    if not _PROJECT.fullmatch(props.project):
+    if not formats.PREVIEW_NAME.fullmatch(props.project):
         raise ValueError(
-            f"project {props.project!r} is not allowed; use a DNS-safe name of lowercase "
-            "letters, digits and '-', at most 20 characters"
+            f"project {props.project!r} is not allowed; use {formats.PREVIEW_NAME_RULE}"
         )
     if props.expires_at.tzinfo is None:
         raise ValueError(f"expires_at {props.expires_at!r} must carry a timezone (use UTC)")
@@ -289,7 +286,7 @@ def _validate(props: PreviewLifecycleProps) -> None:
         raise ValueError("stacks is empty; pass the preview's stacks in deployment order")
     if props.budget_usd < 1:
         raise ValueError(f"budget_usd {props.budget_usd} is not allowed; use 1 or more")
-    if props.alert_email is not None and not _EMAIL.fullmatch(props.alert_email):
+    if props.alert_email is not None and not formats.EMAIL.fullmatch(props.alert_email):
         raise ValueError(f"alert_email {props.alert_email!r} is not an email address")
     for threshold in props.thresholds:
         if not 1 <= threshold <= 1000:

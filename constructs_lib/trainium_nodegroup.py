@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,11 +14,11 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib._common import deny_other_egress, worker_node_role
+from trn_catalog import formats
 
 CapacityMode = Literal["on-demand", "capacity-block", "odcr"]
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 NODE_TYPE_LABEL = "trn-platform/node-type"
-_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 # AL2023 nodeadm: put containerd and kubelet on a RAID0 of the instance-store NVMe disks, so
 # image layers and the Neuron compile cache use the fast local disks, not the root volume.
 _LOCAL_STORAGE_NODECONFIG = """MIME-Version: 1.0
@@ -245,7 +244,7 @@ def _validate(props: TrainiumNodeGroupProps) -> trn_catalog.InstanceSpec:
                 "'capacity-block' or 'odcr'"
             )
     elif props.capacity in ("capacity-block", "odcr"):
-        if reservation is None or not _RESERVATION.fullmatch(reservation):
+        if reservation is None or not formats.RESERVATION_ID.fullmatch(reservation):
             raise ValueError(
                 f"capacity_reservation_id {reservation!r} is not allowed; capacity "
                 f"{props.capacity!r} needs 'cr-' and 17 hexadecimal digits"

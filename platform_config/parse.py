@@ -24,6 +24,7 @@ from platform_config.model import (
     Profile,
     TrnCapacity,
 )
+from trn_catalog import formats
 from trn_catalog import fsx as fsx_limits
 from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS
 
@@ -56,14 +57,10 @@ DEFAULT_TTL_HOURS = 48
 MAX_TRN_NODES = 64
 MAX_TTL_HOURS = MAX_PREVIEW_TTL_HOURS
 FSX_MAX_GIB = 2_400_000
-PREVIEW_NAME_MAX = 20
 
 _ACCOUNT = re.compile(r"^\d{12}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
-_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
-_DNS_LABEL = re.compile(r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -172,11 +169,10 @@ def _profile(reader: _Reader) -> tuple[Profile, str | None]:
     if preview is None:
         return PROFILES[env], None
     reader.check(
-        bool(_DNS_LABEL.fullmatch(preview)) and len(preview) <= PREVIEW_NAME_MAX,
+        bool(formats.PREVIEW_NAME.fullmatch(preview)),
         "preview",
         preview,
-        f"expected a DNS-safe project name: lowercase letters, digits and '-', starting with a "
-        f"letter, not ending with '-', at most {PREVIEW_NAME_MAX} characters",
+        f"expected {formats.PREVIEW_NAME_RULE}",
     )
     reader.check(
         env == "dev", "env", env, "a preview is its own environment; leave env unset or 'dev'"
@@ -213,7 +209,7 @@ def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
     capacity: CapacityMode = reader.choice("capacity", "on-demand", CAPACITY_MODES)
     reservation = reader.matching(
         "capacity_reservation_id",
-        _RESERVATION,
+        formats.RESERVATION_ID,
         "expected a capacity reservation id: 'cr-' and 17 hexadecimal digits",
     )
     raw_reservation = reader.raw("capacity_reservation_id")
@@ -280,7 +276,7 @@ def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
 
 
 def _budget_email(reader: _Reader, preview: str | None) -> str | None:
-    email = reader.matching("budget_email", _EMAIL, "expected an email address")
+    email = reader.matching("budget_email", formats.EMAIL, "expected an email address")
     reader.check(
         email is None or preview is not None,
         "budget_email",

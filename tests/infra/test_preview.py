@@ -145,7 +145,7 @@ def lifecycle(**overrides: Any) -> PreviewLifecycle:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"project": "Delta_1"}, r"project 'Delta_1' is not allowed; use a DNS-safe name"),
+        ({"project": "Delta_1"}, r"project 'Delta_1' is not allowed; use a DNS-safe project name"),
         ({"expires_at": datetime(2026, 12, 1)}, r"expires_at .* must carry a timezone"),
         ({"stacks": []}, r"stacks is empty"),
         ({"budget_usd": 0}, r"budget_usd 0 is not allowed"),
