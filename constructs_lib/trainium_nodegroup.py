@@ -234,8 +234,10 @@ def _validate(props: TrainiumNodeGroupProps) -> trn_catalog.InstanceSpec:
         spec = trn_catalog.get(props.instance_type)
     except trn_catalog.UnknownInstanceTypeError as error:
         raise ValueError(f"instance_type: {error}") from None
-    if not 0 <= props.nodes <= 64:
-        raise ValueError(f"nodes {props.nodes} is not allowed; use 0 to 64")
+    if not 0 <= props.nodes <= formats.MAX_BLOCK_INSTANCES:
+        raise ValueError(
+            f"nodes {props.nodes} is not allowed; use 0 to {formats.MAX_BLOCK_INSTANCES}"
+        )
     reservation = props.capacity_reservation_id
     if props.capacity == "on-demand":
         if reservation is not None:

@@ -53,8 +53,7 @@ DEFAULT_REGION = "us-east-2"
 DEFAULT_AVAILABILITY_ZONE = "us-east-2a"
 DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 DEFAULT_TTL_HOURS = 48
-# One Capacity Block holds at most 64 instances; a bigger fleet is several node groups.
-MAX_TRN_NODES = 64
+MAX_TRN_NODES = formats.MAX_BLOCK_INSTANCES
 MAX_TTL_HOURS = MAX_PREVIEW_TTL_HOURS
 FSX_MAX_GIB = 2_400_000
 

@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from trn_catalog.formats import MAX_BLOCK_INSTANCES
 from trnctl.errors import TrnctlError
 
-MAX_INSTANCES = 64
+MAX_INSTANCES = MAX_BLOCK_INSTANCES
 MAX_DAYS = 182
 _OFFERING_ID = re.compile(r"^cb-[0-9a-f]{8,32}$")
 PLATFORM = "Linux/UNIX"
