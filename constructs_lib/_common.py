@@ -194,3 +194,22 @@ def deny_other_egress(group: ec2.SecurityGroup) -> None:
             }
         ],
     )
+
+
+# IMDSv2 only, and one hop: containers on the node cannot reach the instance's credentials.
+IMDSV2_ONE_HOP = {"HttpEndpoint": "enabled", "HttpTokens": "required", "HttpPutResponseHopLimit": 1}
+
+
+def launch_template(
+    scope: Construct, construct_id: str, data: dict[str, Any]
+) -> ec2.CfnLaunchTemplate:
+    """A launch template from raw CloudFormation ``LaunchTemplateData``, IMDSv2 with one hop.
+
+    Raw keys, because the typed L1 silently drops keys it does not model (efa-only interfaces,
+    network card indexes).
+    """
+    template = ec2.CfnLaunchTemplate(scope, construct_id, launch_template_data={})
+    template.add_property_override(
+        "LaunchTemplateData", {"MetadataOptions": IMDSV2_ONE_HOP, **data}
+    )
+    return template

@@ -20,6 +20,7 @@ from constructs_lib._common import (
     acknowledge,
     acknowledge_managed_policies,
     acknowledge_wildcards,
+    launch_template,
     worker_node_role,
 )
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
@@ -210,15 +211,10 @@ class NeuronCluster(Construct):
         return role
 
     def _system_nodegroup(self, subnets: ec2.SubnetSelection) -> eks.Nodegroup:
-        template = ec2.CfnLaunchTemplate(self, "SystemLaunchTemplate", launch_template_data={})
-        template.add_property_override(
-            "LaunchTemplateData",
+        template = launch_template(
+            self,
+            "SystemLaunchTemplate",
             {
-                "MetadataOptions": {
-                    "HttpEndpoint": "enabled",
-                    "HttpTokens": "required",
-                    "HttpPutResponseHopLimit": 1,
-                },
                 "BlockDeviceMappings": [
                     {
                         "DeviceName": "/dev/xvda",

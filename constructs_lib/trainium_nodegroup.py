@@ -13,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 import trn_catalog
-from constructs_lib._common import deny_other_egress, worker_node_role
+from constructs_lib._common import deny_other_egress, launch_template, worker_node_role
 from trn_catalog import formats
 
 CapacityMode = Literal["on-demand", "capacity-block", "odcr"]
@@ -142,11 +142,6 @@ class TrainiumNodeGroup(Construct):
         data: dict[str, Any] = {
             "InstanceType": props.instance_type,
             "NetworkInterfaces": self._network_interfaces(),
-            "MetadataOptions": {
-                "HttpEndpoint": "enabled",
-                "HttpTokens": "required",
-                "HttpPutResponseHopLimit": 1,
-            },
             "BlockDeviceMappings": [
                 {
                     "DeviceName": "/dev/xvda",
@@ -185,10 +180,7 @@ class TrainiumNodeGroup(Construct):
                     "CapacityReservationId": props.capacity_reservation_id
                 },
             }
-        template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data={})
-        # Raw CloudFormation keys: the typed L1 drops keys it does not model (efa-only, cards).
-        template.add_property_override("LaunchTemplateData", data)
-        return template
+        return launch_template(self, "LaunchTemplate", data)
 
     def _nodegroup(self) -> eks.Nodegroup:
         props = self.props
