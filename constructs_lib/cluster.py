@@ -35,9 +35,6 @@ NPD_NAMESPACE = "neuron-healthcheck-system"
 NPD_SERVICE_ACCOUNT = "node-problem-detector"
 SYSTEM_LABEL = {"trn-platform/node-type": "system"}
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
-# Service accounts of the add-ons that call AWS, as the EKS add-on docs name them.
-CNI_SERVICE_ACCOUNT = ("kube-system", "aws-node")
-CLOUDWATCH_SERVICE_ACCOUNT = ("amazon-cloudwatch", "cloudwatch-agent")
 
 
 @dataclass(frozen=True)
@@ -242,10 +239,6 @@ class NeuronCluster(Construct):
         )
 
     def _addons(self) -> dict[str, eks.Addon]:
-        configuration: dict[str, dict[str, Any]] = {
-            # Prefix delegation: each ENI slot takes a /28, so trn nodes never run out of pod IPs.
-            "vpc-cni": {"env": {"ENABLE_PREFIX_DELEGATION": "true", "WARM_PREFIX_TARGET": "1"}},
-        }
         addons = {
             pin.name: eks.Addon(
                 self,
@@ -253,7 +246,7 @@ class NeuronCluster(Construct):
                 cluster=self.icluster,
                 addon_name=pin.name,
                 addon_version=pin.version,
-                configuration_values=configuration.get(pin.name),
+                configuration_values=dict(pin.configuration) if pin.configuration else None,
                 preserve_on_delete=False,
             )
             for pin in versions.ADDONS
@@ -271,11 +264,13 @@ class NeuronCluster(Construct):
         # for statically provisioned volumes, and the Mountpoint S3 driver's role names the
         # datasets bucket, so it is granted where that bucket is known (the workloads stack).
         self.pod_identity_role(
-            "VpcCni", *CNI_SERVICE_ACCOUNT, managed_policies=["AmazonEKS_CNI_Policy"]
+            "VpcCni",
+            *versions.service_account("vpc-cni"),
+            managed_policies=["AmazonEKS_CNI_Policy"],
         )
         self.pod_identity_role(
             "CloudWatch",
-            *CLOUDWATCH_SERVICE_ACCOUNT,
+            *versions.service_account("amazon-cloudwatch-observability"),
             managed_policies=["CloudWatchAgentServerPolicy", "AWSXrayWriteOnlyAccess"],
         )
 

@@ -14,6 +14,7 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib.cluster import NEURON_TOLERATION
+from trn_catalog import versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
@@ -29,8 +30,6 @@ EFA_HUGEPAGES = "5120Mi"
 GRACE_SECONDS = 300
 FSX_CLAIM = "fsx"
 DATASETS_CLAIM = "datasets-s3"
-# The Mountpoint S3 CSI driver's controller service account (EKS add-on docs).
-MOUNTPOINT_SERVICE_ACCOUNT = ("kube-system", "s3-csi-driver-sa")
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,11 @@ class TrainingWorkspace(Construct):
         self.datasets_claim = DATASETS_CLAIM
         for construct_id, role, (namespace, account) in (
             ("JobIdentity", props.job_role, (props.namespace, props.service_account)),
-            ("MountpointIdentity", props.mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNT),
+            (
+                "MountpointIdentity",
+                props.mountpoint_role,
+                versions.service_account("aws-mountpoint-s3-csi-driver"),
+            ),
         ):
             eks.CfnPodIdentityAssociation(
                 self,

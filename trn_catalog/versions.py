@@ -6,18 +6,28 @@ the templates, so a bump is one edit here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 KUBERNETES_VERSION = "1.35"
 
 
 @dataclass(frozen=True)
 class AddonPin:
-    """An EKS add-on; ``version`` None means EKS's default for the cluster version."""
+    """An EKS add-on at an exact version, with the configuration values the cluster gives it.
+
+    ``configuration`` is the JSON that EKS checks against the add-on's configuration schema
+    (``eks:DescribeAddonConfiguration``); None installs the add-on's defaults.
+    ``service_account`` is the (namespace, name) an add-on that calls AWS gets its Pod Identity
+    on, as that call names it; None for add-ons that need no AWS access.
+    """
 
     name: str
-    version: str | None
+    version: str
     source: str
+    configuration: Mapping[str, Any] | None = None
+    service_account: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -30,30 +40,77 @@ class ChartPin:
     source: str
 
 
-# EKS add-ons for Kubernetes 1.35. The first five are the versions awslabs/cdk-eks-blueprints
-# pins for 1.35 (2026-04). The other three have no source we could check offline; a wrong pin
-# fails the deploy, so they take EKS's default version for 1.35 until pinned: `trnctl addons`
-# (eks:DescribeAddonVersions) prints the line to paste and fails on a pin EKS does not offer.
+# EKS add-ons for Kubernetes 1.35, each at an exact version. The first five are the versions
+# awslabs/cdk-eks-blueprints pins for 1.35 (2026-04). The other three come from public
+# infrastructure code running EKS 1.35 (dates below); no AWS page lists add-on versions per
+# Kubernetes version. `trnctl addons` re-checks every pin and configuration against
+# eks:DescribeAddonVersions and eks:DescribeAddonConfiguration before a deploy.
 ADDONS: tuple[AddonPin, ...] = (
     AddonPin(
-        "vpc-cni", "v1.21.1-eksbuild.1", "cdk-eks-blueprints 1.35 pins; efa-only needs >= 1.18.5"
+        "vpc-cni",
+        "v1.21.1-eksbuild.1",
+        "cdk-eks-blueprints 1.35 pins; efa-only needs >= 1.18.5",
+        # Prefix delegation: each ENI slot takes a /28, so trn nodes never run out of pod IPs.
+        {"env": {"ENABLE_PREFIX_DELEGATION": "true", "WARM_PREFIX_TARGET": "1"}},
+        ("kube-system", "aws-node"),
     ),
     AddonPin("kube-proxy", "v1.35.0-eksbuild.2", "cdk-eks-blueprints 1.35 pins"),
     AddonPin("eks-pod-identity-agent", "v1.3.10-eksbuild.2", "cdk-eks-blueprints 1.35 pins"),
     AddonPin("coredns", "v1.13.2-eksbuild.3", "cdk-eks-blueprints 1.35 pins"),
     AddonPin(
-        "amazon-cloudwatch-observability", "v5.3.1-eksbuild.1", "cdk-eks-blueprints 1.35 pins"
+        "amazon-cloudwatch-observability",
+        "v5.3.1-eksbuild.1",
+        "cdk-eks-blueprints 1.35 pins",
+        service_account=("amazon-cloudwatch", "cloudwatch-agent"),
     ),
-    AddonPin("aws-fsx-csi-driver", None, "EKS default for 1.35; not pinned (no checkable source)"),
+    AddonPin(
+        "aws-fsx-csi-driver",
+        "v1.9.0-eksbuild.1",
+        "EKS add-on pinned by a public Trainium/GPU EKS 1.35 Terraform platform (2026-08); "
+        "upstream driver v1.9.0, whose chart tolerates all taints on the node plugin",
+    ),
     AddonPin(
         "aws-mountpoint-s3-csi-driver",
-        None,
-        "EKS default for 1.35; not pinned (no checkable source)",
+        "v2.7.0-eksbuild.1",
+        "newest build for EKS 1.35 in us-west-2 on 2026-08-11 (public EKS 1.35 security "
+        "review); Mountpoint CSI v2, Pod Identity for the driver's service account",
+        # The node plugin must run on the Neuron-tainted trn nodes, where the datasets mount is
+        # used; v1 of the driver did not tolerate taints by default.
+        {"node": {"tolerateAllTaints": True}},
+        ("kube-system", "s3-csi-driver-sa"),
     ),
     AddonPin(
-        "eks-node-monitoring-agent", None, "EKS default for 1.35; not pinned (no checkable source)"
+        "eks-node-monitoring-agent",
+        "v1.6.6-eksbuild.1",
+        "running on EKS 1.35 (kube-proxy v1.35.3) in a public add-on compatibility table "
+        "(2026-07); upstream release v1.6.6 (2026-06-10), with Neuron checks",
     ),
 )
+
+
+def addon(name: str) -> AddonPin:
+    """The pin of add-on ``name``.
+
+    Raises:
+        KeyError: no add-on of that name is pinned.
+    """
+    for pin in ADDONS:
+        if pin.name == name:
+            return pin
+    raise KeyError(f"no pinned EKS add-on {name!r}; pinned: {', '.join(p.name for p in ADDONS)}")
+
+
+def service_account(name: str) -> tuple[str, str]:
+    """The (namespace, name) add-on ``name`` gets its Pod Identity on.
+
+    Raises:
+        KeyError: no add-on of that name is pinned, or it has no service account.
+    """
+    account = addon(name).service_account
+    if account is None:
+        raise KeyError(f"EKS add-on {name!r} has no Pod Identity service account")
+    return account
+
 
 NEURON_CHART = ChartPin(
     release="neuron",

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 import trn_catalog
-from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError
+from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError, versions
 
 REQUIRED_TYPES = (
     "trn1.32xlarge",
@@ -94,3 +94,11 @@ def test_fsx_rules() -> None:
     assert not allowed(0) and not allowed(1300) and not allowed(3600)
     assert trn_catalog.fsx.throughput_allowed(250)
     assert not trn_catalog.fsx.throughput_allowed(200)
+
+
+def test_addon_lookup_names_what_is_pinned() -> None:
+    assert versions.service_account("vpc-cni") == ("kube-system", "aws-node")
+    with pytest.raises(KeyError, match="no pinned EKS add-on 'vpc_cni'; pinned: vpc-cni, "):
+        versions.addon("vpc_cni")
+    with pytest.raises(KeyError, match="'coredns' has no Pod Identity service account"):
+        versions.service_account("coredns")

@@ -1,4 +1,5 @@
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -107,11 +108,26 @@ def test_addons_are_pinned(dev: Synth) -> None:
     }
     assert set(addons) == {pin.name for pin in versions.ADDONS}
     for pin in versions.ADDONS:
-        assert addons[pin.name].get("AddonVersion") == pin.version, pin.name
+        assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", pin.version), pin.name
+        assert addons[pin.name]["AddonVersion"] == pin.version, pin.name
+        configuration = addons[pin.name].get("ConfigurationValues")
+        assert (json.loads(configuration) if configuration else None) == pin.configuration
     cni = json.loads(addons["vpc-cni"]["ConfigurationValues"])
     assert cni["env"]["ENABLE_PREFIX_DELEGATION"] == "true"
     major, minor, _ = addons["vpc-cni"]["AddonVersion"].lstrip("v").split("-")[0].split(".")
     assert (int(major), int(minor)) >= (1, 19)
+
+
+def test_csi_node_plugins_reach_the_neuron_tainted_nodes(dev: Synth) -> None:
+    # The datasets and FSx mounts happen on trn nodes, which carry the Neuron NoSchedule taint.
+    addons = {
+        a["Properties"]["AddonName"]: a["Properties"]
+        for a in dev.resources("cluster", "AWS::EKS::Addon").values()
+    }
+    mountpoint = json.loads(addons["aws-mountpoint-s3-csi-driver"]["ConfigurationValues"])
+    assert mountpoint["node"]["tolerateAllTaints"] is True
+    major = int(addons["aws-mountpoint-s3-csi-driver"]["AddonVersion"][1:].split(".")[0])
+    assert major >= 2, "Pod Identity for the Mountpoint driver needs Mountpoint CSI v2"
 
 
 def test_pod_identity_for_addons_that_call_aws(dev: Synth) -> None:

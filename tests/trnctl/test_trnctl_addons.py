@@ -1,7 +1,9 @@
-"""trnctl addons: pins checked against eks:DescribeAddonVersions (Stubber; moto lacks it)."""
+"""trnctl addons: pins, configuration and Pod Identity checked against eks:DescribeAddonVersions
+and eks:DescribeAddonConfiguration (Stubber; moto implements neither)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,8 +12,23 @@ from trn_catalog import versions
 from trnctl import addons
 from trnctl.preflight import Status
 
+# A schema in the shape EKS returns for the CSI drivers: a closed object per component.
+NODE_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "node": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"tolerateAllTaints": {"type": "boolean"}},
+        },
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
 
-def answer(name: str, offered: list[str], default: str | None) -> dict[str, Any]:
+
+def versions_answer(name: str, offered: list[str], default: str | None) -> dict[str, Any]:
     return {
         "addons": [
             {
@@ -32,51 +49,106 @@ def answer(name: str, offered: list[str], default: str | None) -> dict[str, Any]
     }
 
 
+def configuration_answer(
+    pin: versions.AddonPin, schema: dict[str, Any], account: str | None
+) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "addonName": pin.name,
+        "addonVersion": pin.version,
+        "configurationSchema": json.dumps(schema),
+    }
+    if account:
+        answer["podIdentityConfiguration"] = [
+            {"serviceAccount": account, "recommendedManagedPolicies": []}
+        ]
+    return answer
+
+
 @pytest.fixture
 def eks(clients: Any, stub: Any) -> Any:
-    def setup(overrides: dict[str, list[str]] | None = None) -> Any:
+    """Answers both calls for every pin; ``offered`` and ``accounts`` override per add-on."""
+
+    def setup(
+        offered: dict[str, list[str]] | None = None,
+        accounts: dict[str, str] | None = None,
+        schema: dict[str, Any] | None = None,
+    ) -> Any:
         stubber = stub(clients("eks"))
         for pin in versions.ADDONS:
-            offered = (overrides or {}).get(pin.name) or [pin.version or "v9.9.9-eksbuild.1"]
+            versions_offered = (offered or {}).get(pin.name) or [pin.version]
             stubber.add_response(
                 "describe_addon_versions",
-                answer(pin.name, offered, offered[-1]),
+                versions_answer(pin.name, versions_offered, versions_offered[-1]),
                 {"addonName": pin.name, "kubernetesVersion": "1.35"},
+            )
+            if pin.version not in versions_offered:
+                continue
+            account = (accounts or {}).get(pin.name) or (
+                pin.service_account[1] if pin.service_account else None
+            )
+            stubber.add_response(
+                "describe_addon_configuration",
+                configuration_answer(pin, schema or NODE_SCHEMA, account),
+                {"addonName": pin.name, "addonVersion": pin.version},
             )
         return stubber
 
     return setup
 
 
-def test_pinned_versions_pass_and_unpinned_ones_warn_with_the_line_to_paste(
-    trnctl: Any, eks: Any
-) -> None:
-    eks()
+def line_of(output: str, addon: str) -> str:
+    return next(line for line in output.splitlines() if f" {addon} " in line)
+
+
+def test_every_pin_passes_when_eks_agrees(trnctl: Any, eks: Any) -> None:
+    stubber = eks()
     result = trnctl("addons")
     assert result.exit_code == 0, result.output
     for pin in versions.ADDONS:
-        line = next(line for line in result.stdout.splitlines() if f" {pin.name} " in line)
-        if pin.version:
-            assert "PASS" in line
-        else:
-            assert "WARN" in line and f'AddonPin("{pin.name}", "v9.9.9-eksbuild.1"' in line
+        line = line_of(result.stdout, pin.name)
+        assert "PASS" in line and pin.version in line and "configuration valid" in line
+    stubber.assert_no_pending_responses()
 
 
-def test_a_pin_eks_does_not_offer_fails(trnctl: Any, eks: Any) -> None:
-    eks({"vpc-cni": ["v1.22.0-eksbuild.1"]})
+def test_a_pin_eks_does_not_offer_fails_with_the_line_to_paste(trnctl: Any, eks: Any) -> None:
+    eks(offered={"vpc-cni": ["v1.22.0-eksbuild.1"]})
     result = trnctl("addons")
     assert result.exit_code == 1
-    line = next(line for line in result.stdout.splitlines() if " vpc-cni " in line)
+    line = line_of(result.stdout, "vpc-cni")
     assert "FAIL" in line and "v1.21.1-eksbuild.1 is not offered" in line
+    assert 'AddonPin("vpc-cni", "v1.22.0-eksbuild.1"' in line
+
+
+def test_configuration_the_schema_refuses_fails_naming_the_path(trnctl: Any, eks: Any) -> None:
+    closed = {**NODE_SCHEMA, "properties": {"env": NODE_SCHEMA["properties"]["env"]}}
+    eks(schema=closed)
+    result = trnctl("addons")
+    assert result.exit_code == 1
+    line = line_of(result.stdout, "aws-mountpoint-s3-csi-driver")
+    assert "FAIL" in line and "configuration at (root)" in line and "'node'" in line
+    assert "PASS" in line_of(result.stdout, "coredns")
+
+
+def test_a_service_account_eks_does_not_name_fails(trnctl: Any, eks: Any) -> None:
+    eks(accounts={"aws-mountpoint-s3-csi-driver": "s3-csi-driver-controller-sa"})
+    result = trnctl("addons")
+    assert result.exit_code == 1
+    line = line_of(result.stdout, "aws-mountpoint-s3-csi-driver")
+    assert "Pod Identity goes on s3-csi-driver-sa" in line
+    assert "s3-csi-driver-controller-sa" in line
 
 
 def test_check_rules() -> None:
     pin = versions.AddonPin("coredns", "v1.13.2-eksbuild.3", "test")
     offer = addons.Offered(("v1.13.2-eksbuild.3", "v1.13.3-eksbuild.1"), "v1.13.3-eksbuild.1")
-    result = addons.check(pin, offer, "1.35")
+    config = addons.Configuration({}, ())
+    result = addons.check(pin, offer, config, "1.35")
     assert result.status is Status.PASS and "EKS default: v1.13.3-eksbuild.1" in result.detail
-    empty = addons.check(pin, addons.Offered((), None), "1.35")
+    empty = addons.check(pin, addons.Offered((), None), None, "1.35")
     assert empty.status is Status.FAIL and "offers no version" in empty.detail
+    typed = versions.AddonPin("x", "v1.0.0-eksbuild.1", "test", {"node": {"tolerateAllTaints": 1}})
+    problems = addons.configuration_problems(typed, addons.Configuration(NODE_SCHEMA, ()))
+    assert problems == ["configuration at node.tolerateAllTaints: 1 is not of type 'boolean'"]
 
 
 def test_access_denied_is_one_line(trnctl: Any, clients: Any, stub: Any) -> None:
