@@ -129,7 +129,9 @@ class TrainiumNodeGroup(Construct):
         return [
             {
                 "NetworkCardIndex": card,
-                "DeviceIndex": 0 if card == 0 else 1,
+                # Device index 0 on every card: the EC2 layout for EFA-only interfaces on the
+                # cards after the primary's.
+                "DeviceIndex": 0,
                 "InterfaceType": "efa" if card == 0 else "efa-only",
                 "Groups": groups,
                 "DeleteOnTermination": True,

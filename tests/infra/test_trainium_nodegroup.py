@@ -62,11 +62,10 @@ def test_one_efa_interface_per_network_card_from_the_catalog(
     expected = trn_catalog.get(instance_type).efa_interfaces
     assert len(interfaces) == expected
     assert sorted(i["NetworkCardIndex"] for i in interfaces) == list(range(expected))
-    primary = [i for i in interfaces if i["NetworkCardIndex"] == 0]
-    assert primary == [i for i in interfaces if i["DeviceIndex"] == 0]
-    assert primary[0]["InterfaceType"] == "efa"
+    (primary,) = [i for i in interfaces if i["NetworkCardIndex"] == 0]
+    assert (primary["DeviceIndex"], primary["InterfaceType"]) == (0, "efa")
     others = [i for i in interfaces if i["NetworkCardIndex"] != 0]
-    assert all(i["InterfaceType"] == "efa-only" and i["DeviceIndex"] == 1 for i in others)
+    assert all(i["InterfaceType"] == "efa-only" and i["DeviceIndex"] == 0 for i in others)
     assert all(len(i["Groups"]) == 2 for i in interfaces)
 
 
