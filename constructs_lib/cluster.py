@@ -35,6 +35,19 @@ NPD_NAMESPACE = "neuron-healthcheck-system"
 NPD_SERVICE_ACCOUNT = "node-problem-detector"
 SYSTEM_LABEL = {"trn-platform/node-type": "system"}
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+# Installed by TrainingWorkspace, after its driver's Pod Identity association: pods read their
+# Pod Identity credentials only when they start, and the driver's role names the datasets
+# bucket, which the cluster must not depend on.
+MOUNTPOINT_ADDON = "aws-mountpoint-s3-csi-driver"
+WORKSPACE_ADDONS = (MOUNTPOINT_ADDON,)
+# Add-ons that call AWS: their Pod Identity role (construct id) and AWS-managed policies.
+ADDON_ROLES = {
+    "vpc-cni": ("VpcCni", ("AmazonEKS_CNI_Policy",)),
+    "amazon-cloudwatch-observability": (
+        "CloudWatch",
+        ("CloudWatchAgentServerPolicy", "AWSXrayWriteOnlyAccess"),
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -78,10 +91,12 @@ class NeuronCluster(Construct):
     control-plane logs api, audit and authenticator; a system managed node group (on-demand,
     AL2023 standard, IMDSv2 hop limit 1, encrypted gp3) in the private subnets; the EKS add-ons of
     :data:`trn_catalog.versions.ADDONS` (vpc-cni with prefix delegation) with Pod Identity roles
-    where they call AWS; the Neuron Helm chart (device plugin, scheduler extension, node problem
-    detector with node recovery) and the EFA device plugin chart, both tolerating the Neuron
-    taint, and Kubeflow Trainer as the distributed job engine. Add Trainium capacity with
-    :meth:`add_trainium_nodegroup` or :class:`TrainiumNodeGroup`.
+    where they call AWS, each association made before its add-on (the Mountpoint S3 driver is
+    installed by :class:`TrainingWorkspace`, with its bucket-scoped role); the Neuron Helm chart
+    (device plugin, scheduler extension, node problem detector with node recovery) and the EFA
+    device plugin chart, both tolerating the Neuron taint, and Kubeflow Trainer as the
+    distributed job engine. Add Trainium capacity with :meth:`add_trainium_nodegroup` or
+    :class:`TrainiumNodeGroup`.
 
     Attributes:
         cluster, secrets_key, system_nodegroup, addons (name -> eks.Addon), charts (release ->
@@ -240,16 +255,9 @@ class NeuronCluster(Construct):
 
     def _addons(self) -> dict[str, eks.Addon]:
         addons = {
-            pin.name: eks.Addon(
-                self,
-                f"Addon-{pin.name}",
-                cluster=self.icluster,
-                addon_name=pin.name,
-                addon_version=pin.version,
-                configuration_values=dict(pin.configuration) if pin.configuration else None,
-                preserve_on_delete=False,
-            )
+            pin.name: install_addon(self, self.icluster, pin)
             for pin in versions.ADDONS
+            if pin.name not in WORKSPACE_ADDONS
         }
         # Networking and credentials must be there before nodes join; the rest need nodes to run.
         for name, addon in addons.items():
@@ -260,19 +268,14 @@ class NeuronCluster(Construct):
         return addons
 
     def _addon_roles(self) -> None:
-        # Only these add-ons call AWS with cluster-wide scope. The FSx CSI driver needs no role
-        # for statically provisioned volumes, and the Mountpoint S3 driver's role names the
-        # datasets bucket, so it is granted where that bucket is known (the workloads stack).
-        self.pod_identity_role(
-            "VpcCni",
-            *versions.service_account("vpc-cni"),
-            managed_policies=["AmazonEKS_CNI_Policy"],
-        )
-        self.pod_identity_role(
-            "CloudWatch",
-            *versions.service_account("amazon-cloudwatch-observability"),
-            managed_policies=["CloudWatchAgentServerPolicy", "AWSXrayWriteOnlyAccess"],
-        )
+        # The FSx CSI driver needs no role for statically provisioned volumes; the Mountpoint S3
+        # driver's role is bound where its bucket is known (TrainingWorkspace).
+        for addon, (construct_id, policies) in ADDON_ROLES.items():
+            role = self.pod_identity_role(
+                construct_id, *versions.service_account(addon), managed_policies=policies
+            )
+            # The association first: the add-on's pods would otherwise start without credentials.
+            self.addons[addon].node.add_dependency(role.node.find_child("PodIdentity"))
 
     def _charts(self) -> dict[str, eks.HelmChart]:
         npd_role = self.pod_identity_role(
@@ -291,6 +294,14 @@ class NeuronCluster(Construct):
             versions.EFA_CHART.release: self._chart(versions.EFA_CHART, _efa_values()),
             versions.TRAINER_CHART.release: self._chart(versions.TRAINER_CHART, _trainer_values()),
         }
+        # The Neuron chart puts the node problem detector in its own namespace but, since its
+        # 1.x layout, no longer creates it; the atomic install would fail and roll back.
+        npd_namespace = self.cluster.add_manifest(
+            "NpdNamespace",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NPD_NAMESPACE}},
+        )
+        npd_namespace.node.add_dependency(self.system_nodegroup)
+        charts[versions.NEURON_CHART.release].node.add_dependency(npd_namespace)
         return charts
 
     def _chart(self, pin: versions.ChartPin, values: dict[str, Any]) -> eks.HelmChart:
@@ -310,6 +321,19 @@ class NeuronCluster(Construct):
         chart.node.add_dependency(self.system_nodegroup)
         chart.node.add_dependency(self.addons["coredns"])
         return chart
+
+
+def install_addon(scope: Construct, cluster: eks.ICluster, pin: versions.AddonPin) -> eks.Addon:
+    """The EKS add-on ``pin`` at its exact version and configuration, removed with the stack."""
+    return eks.Addon(
+        scope,
+        f"Addon-{pin.name}",
+        cluster=cluster,
+        addon_name=pin.name,
+        addon_version=pin.version,
+        configuration_values=dict(pin.configuration) if pin.configuration else None,
+        preserve_on_delete=False,
+    )
 
 
 def add_pod_identity(
@@ -373,8 +397,8 @@ def _neuron_values() -> dict[str, Any]:
 
 
 def _efa_values() -> dict[str, Any]:
-    # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge); extend it from
-    # the catalog so the plugin runs on every EFA-capable Trainium type we can deploy.
+    # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge). Helm replaces
+    # lists, so this allowlist is the catalog's types alone: the only EFA nodes the platform runs.
     return {
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
@@ -385,9 +409,14 @@ def _efa_values() -> dict[str, Any]:
 
 
 def _trainer_values() -> dict[str, Any]:
+    # Jobs run on the workspace's own `neuron-torch` TrainingRuntime. The chart's built-in
+    # ClusterTrainingRuntimes (CUDA images) come with a post-install hook Job that pulls alpine
+    # from Docker Hub and installs kubectl at run time, a failure point of the atomic install
+    # for runtimes nothing here uses; LeaderWorkerSet serves only the data cache, which is off.
     return {
         "crds": {"enabled": True},
-        "runtimes": {"torchDistributed": {"enabled": True}},
+        "runtimes": {"defaultEnabled": False, "torchDistributed": {"enabled": False}},
+        "dataCache": {"enabled": False, "lws": {"install": False}},
         "manager": {"nodeSelector": SYSTEM_LABEL},
     }
 

@@ -13,7 +13,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 import trn_catalog
-from constructs_lib.cluster import NEURON_TOLERATION
+from constructs_lib.cluster import MOUNTPOINT_ADDON, NEURON_TOLERATION, install_addon
 from trn_catalog import versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
@@ -72,8 +72,9 @@ class TrainingWorkspace(Construct):
 
     Default settings: the namespace and service account, bound to ``job_role`` by Pod Identity;
     a static FSx for Lustre PersistentVolume and claim (ReadWriteMany, reclaim Retain); a
-    read-only Mountpoint S3 volume and claim on the datasets bucket, with the Mountpoint driver's
-    service account bound to ``mountpoint_role``.
+    read-only Mountpoint S3 volume and claim on the datasets bucket; the Mountpoint S3 CSI
+    driver (EKS add-on, pinned in the catalog), installed after its service account is bound to
+    ``mountpoint_role`` so that its node pods start with credentials.
 
     It also writes the Kubeflow Trainer ``TrainingRuntime`` ``neuron-torch`` that TrainJobs
     reference: one pod per trn node asking for all of its Neuron devices and EFA interfaces (from
@@ -82,7 +83,8 @@ class TrainingWorkspace(Construct):
     logical NeuronCore.
 
     Attributes:
-        manifest (the KubernetesManifest), fsx_claim, datasets_claim, runtime_name.
+        manifest (the KubernetesManifest), mountpoint_addon, fsx_claim, datasets_claim,
+        runtime_name.
 
     Raises:
         ValueError: a namespace or service account name that is not a DNS label, an instance
@@ -107,28 +109,32 @@ class TrainingWorkspace(Construct):
         self.runtime_name = RUNTIME_NAME
         self.fsx_claim = FSX_CLAIM
         self.datasets_claim = DATASETS_CLAIM
-        for construct_id, role, (namespace, account) in (
-            ("JobIdentity", props.job_role, (props.namespace, props.service_account)),
-            (
-                "MountpointIdentity",
-                props.mountpoint_role,
-                versions.service_account("aws-mountpoint-s3-csi-driver"),
-            ),
-        ):
-            eks.CfnPodIdentityAssociation(
-                self,
-                construct_id,
-                cluster_name=props.cluster.cluster_name,
-                namespace=namespace,
-                service_account=account,
-                role_arn=role.role_arn,
-            )
+        self._pod_identity("JobIdentity", props.job_role, props.namespace, props.service_account)
+        mountpoint = versions.addon(MOUNTPOINT_ADDON)
+        mountpoint_identity = self._pod_identity(
+            "MountpointIdentity", props.mountpoint_role, *versions.service_account(mountpoint.name)
+        )
+        # After the association, so the driver's node pods start with its credentials.
+        self.mountpoint_addon = install_addon(self, props.cluster, mountpoint)
+        self.mountpoint_addon.node.add_dependency(mountpoint_identity)
         self.manifest = eks.KubernetesManifest(
             self,
             "Manifest",
             cluster=props.cluster,
             manifest=self.manifests(),
             prune=True,
+        )
+
+    def _pod_identity(
+        self, construct_id: str, role: iam.IRole, namespace: str, service_account: str
+    ) -> eks.CfnPodIdentityAssociation:
+        return eks.CfnPodIdentityAssociation(
+            self,
+            construct_id,
+            cluster_name=self.props.cluster.cluster_name,
+            namespace=namespace,
+            service_account=service_account,
+            role_arn=role.role_arn,
         )
 
     def manifests(self) -> list[dict[str, Any]]:
@@ -182,7 +188,14 @@ class TrainingWorkspace(Construct):
                     "persistentVolumeReclaimPolicy": "Retain",
                     "storageClassName": "",
                     "claimRef": {"namespace": namespace, "name": DATASETS_CLAIM},
-                    "mountOptions": ["read-only", "allow-other", f"region {region}"],
+                    "mountOptions": [
+                        "read-only",
+                        "allow-other",
+                        f"region {region}",
+                        # Mountpoint pods cannot reach IMDS (hop limit 1), so without this it
+                        # assumes 10 Gbps; S3 traffic uses the primary interface's network card.
+                        f"maximum-throughput-gbps {self.spec.efa_gbps // self.spec.network_cards}",
+                    ],
                     "csi": {
                         "driver": "s3.csi.aws.com",
                         "volumeHandle": f"{namespace}-datasets-s3",

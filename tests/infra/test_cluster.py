@@ -101,11 +101,16 @@ def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
     assert trn["ScalingConfig"]["DesiredSize"] == 2
 
 
-def test_addons_are_pinned(dev: Synth) -> None:
-    addons = {
+def all_addons(synth: Synth) -> dict[str, dict[str, Any]]:
+    return {
         a["Properties"]["AddonName"]: a["Properties"]
-        for a in dev.resources("cluster", "AWS::EKS::Addon").values()
+        for stack in ("cluster", "workloads")
+        for a in synth.resources(stack, "AWS::EKS::Addon").values()
     }
+
+
+def test_addons_are_pinned(dev: Synth) -> None:
+    addons = all_addons(dev)
     assert set(addons) == {pin.name for pin in versions.ADDONS}
     for pin in versions.ADDONS:
         assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", pin.version), pin.name
@@ -120,10 +125,7 @@ def test_addons_are_pinned(dev: Synth) -> None:
 
 def test_csi_node_plugins_reach_the_neuron_tainted_nodes(dev: Synth) -> None:
     # The datasets and FSx mounts happen on trn nodes, which carry the Neuron NoSchedule taint.
-    addons = {
-        a["Properties"]["AddonName"]: a["Properties"]
-        for a in dev.resources("cluster", "AWS::EKS::Addon").values()
-    }
+    addons = all_addons(dev)
     mountpoint = json.loads(addons["aws-mountpoint-s3-csi-driver"]["ConfigurationValues"])
     assert mountpoint["node"]["tolerateAllTaints"] is True
     major = int(addons["aws-mountpoint-s3-csi-driver"]["AddonVersion"][1:].split(".")[0])
@@ -143,6 +145,33 @@ def test_pod_identity_for_addons_that_call_aws(dev: Synth) -> None:
         ("kube-system", "s3-csi-driver-sa"),
         ("training", "trainer"),
     }
+
+
+@pytest.mark.parametrize(
+    ("stack", "addon", "account"),
+    [
+        ("cluster", "vpc-cni", "aws-node"),
+        ("cluster", "amazon-cloudwatch-observability", "cloudwatch-agent"),
+        ("workloads", "aws-mountpoint-s3-csi-driver", "s3-csi-driver-sa"),
+    ],
+)
+def test_addons_start_after_their_pod_identity(
+    dev: Synth, stack: str, addon: str, account: str
+) -> None:
+    # Pods get Pod Identity credentials only if the association exists when they start.
+    resources = dev.template(stack)["Resources"]
+    (association,) = [
+        logical_id
+        for logical_id, r in resources.items()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation"
+        and r["Properties"]["ServiceAccount"] == account
+    ]
+    (installed,) = [
+        r
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::Addon" and r["Properties"]["AddonName"] == addon
+    ]
+    assert association in installed["DependsOn"]
 
 
 def test_node_recovery_policy_is_scoped(dev: Synth) -> None:
@@ -197,10 +226,30 @@ def test_efa_plugin_allowlist_has_trn3_and_tolerates_neuron(dev: Synth) -> None:
     ]
 
 
-def test_job_engine_is_kubeflow_trainer_with_the_torch_runtime(dev: Synth) -> None:
+def test_job_engine_is_kubeflow_trainer_without_unused_runtimes(dev: Synth) -> None:
     values = json.loads(charts(dev)["kubeflow-trainer"]["Values"])
-    assert values["runtimes"]["torchDistributed"]["enabled"] is True
     assert values["crds"]["enabled"] is True
+    # No built-in ClusterTrainingRuntimes, so no post-install hook pulling from Docker Hub.
+    assert values["runtimes"]["defaultEnabled"] is False
+    assert values["runtimes"]["torchDistributed"]["enabled"] is False
+    assert values["dataCache"] == {"enabled": False, "lws": {"install": False}}
+
+
+def test_neuron_chart_waits_for_the_namespace_it_does_not_create(dev: Synth) -> None:
+    manifests = dev.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource")
+    namespaces = {
+        logical_id
+        for logical_id, resource in manifests.items()
+        for obj in json.loads(resource["Properties"]["Manifest"])
+        if (obj["kind"], obj["metadata"]["name"]) == ("Namespace", "neuron-healthcheck-system")
+    }
+    assert len(namespaces) == 1
+    (neuron,) = [
+        chart
+        for chart in dev.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
+        if chart["Properties"]["Release"] == "neuron"
+    ]
+    assert namespaces <= set(neuron["DependsOn"])
 
 
 def test_no_stray_neuron_manifest(dev: Synth) -> None:
@@ -330,6 +379,9 @@ def test_workspace_volumes(dev: Synth) -> None:
     s3 = manifests["PersistentVolume", "training-datasets-s3"]["spec"]
     assert s3["csi"]["driver"] == "s3.csi.aws.com"
     assert "read-only" in s3["mountOptions"]
+    spec = trn_catalog.get(dev.platform.workloads.workspace.props.instance_type)
+    per_card = spec.efa_gbps // spec.network_cards
+    assert f"maximum-throughput-gbps {per_card}" in s3["mountOptions"] and per_card >= 100
     assert manifests["PersistentVolumeClaim", "fsx"]["spec"]["volumeName"] == "training-fsx"
 
 
