@@ -188,8 +188,8 @@ class NeuronCluster(Construct):
     def add_trainium_nodegroup(self, construct_id: str, **props: Any) -> TrainiumNodeGroup:
         """Add a :class:`TrainiumNodeGroup`; ``props`` are its props other than ``cluster``.
 
-        Node groups join after the networking add-ons, and the Neuron and EFA charts (which
-        tolerate the Neuron taint) are installed before them.
+        Node groups join after the networking add-ons and the Pod Identity agent; the Neuron
+        and EFA daemon sets tolerate the Neuron taint and start on the nodes as they join.
         """
         group = TrainiumNodeGroup(
             self, construct_id, props=TrainiumNodeGroupProps(cluster=self.icluster, **props)
@@ -284,6 +284,7 @@ class NeuronCluster(Construct):
             NPD_SERVICE_ACCOUNT,
             statements=_node_recovery_statements(self.cluster.cluster_name),
         )
+        npd_identity = npd_role.node.find_child("PodIdentity")
         acknowledge_wildcards(
             npd_role,
             "Neuron node recovery: Describe calls take no resource ARNs; SetInstanceHealth is "
@@ -301,7 +302,8 @@ class NeuronCluster(Construct):
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NPD_NAMESPACE}},
         )
         npd_namespace.node.add_dependency(self.system_nodegroup)
-        charts[versions.NEURON_CHART.release].node.add_dependency(npd_namespace)
+        # The node problem detector's pods read their Pod Identity credentials when they start.
+        charts[versions.NEURON_CHART.release].node.add_dependency(npd_namespace, npd_identity)
         return charts
 
     def _chart(self, pin: versions.ChartPin, values: dict[str, Any]) -> eks.HelmChart:
@@ -316,7 +318,9 @@ class NeuronCluster(Construct):
             values=values,
             wait=True,
             atomic=True,
-            timeout=Duration.minutes(15),
+            # Under the kubectl handler's 15-minute Lambda limit, so that a chart that never
+            # gets ready is rolled back by Helm rather than left pending (aws-cdk#22257).
+            timeout=Duration.minutes(12),
         )
         chart.node.add_dependency(self.system_nodegroup)
         chart.node.add_dependency(self.addons["coredns"])

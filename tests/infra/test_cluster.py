@@ -202,6 +202,8 @@ def test_charts_are_pinned(dev: Synth) -> None:
             pin.version,
         )
         assert chart["Namespace"] == pin.namespace and chart["Atomic"] is True
+        # Helm must time out (and roll back) before the kubectl handler's 900 s Lambda limit.
+        assert chart["Wait"] is True and int(chart["Timeout"].removesuffix("s")) < 900
     assert installed["neuron"]["Repository"] == "oci://public.ecr.aws/neuron/neuron-helm-chart"
 
 
@@ -235,7 +237,7 @@ def test_job_engine_is_kubeflow_trainer_without_unused_runtimes(dev: Synth) -> N
     assert values["dataCache"] == {"enabled": False, "lws": {"install": False}}
 
 
-def test_neuron_chart_waits_for_the_namespace_it_does_not_create(dev: Synth) -> None:
+def test_neuron_chart_waits_for_its_namespace_and_pod_identity(dev: Synth) -> None:
     manifests = dev.resources("cluster", "Custom::AWSCDK-EKS-KubernetesResource")
     namespaces = {
         logical_id
@@ -250,6 +252,12 @@ def test_neuron_chart_waits_for_the_namespace_it_does_not_create(dev: Synth) -> 
         if chart["Properties"]["Release"] == "neuron"
     ]
     assert namespaces <= set(neuron["DependsOn"])
+    (npd_identity,) = [
+        logical_id
+        for logical_id, r in dev.resources("cluster", "AWS::EKS::PodIdentityAssociation").items()
+        if r["Properties"]["ServiceAccount"] == "node-problem-detector"
+    ]
+    assert npd_identity in neuron["DependsOn"]
 
 
 def test_no_stray_neuron_manifest(dev: Synth) -> None:
