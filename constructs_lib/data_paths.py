@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -28,10 +29,14 @@ class TrainingDataPathsProps:
     Attributes:
         vpc: the VPC the file system lives in (required).
         fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
-        lustre_clients: who may mount the file system, e.g. ``ec2.Peer.ipv4(vpc_cidr)`` (required).
-        fsx_storage_gib: 1,200 or a multiple of 2,400. Default 1200.
+        lustre_clients: who may mount the file system (required): a security group the client
+            nodes carry, such as ``TrainingNetwork.lustre_clients`` (required with ``efa_fsx``:
+            EFA takes no CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``.
+        fsx_storage_gib: 1,200 or a multiple of 2,400; with ``efa_fsx`` a multiple of 38,400,
+            19,200, 9,600 or 4,800 at 125, 250, 500 or 1000 MB/s per TiB. Default 1200.
         fsx_throughput_per_tib: 125, 250, 500 or 1000 MB/s per TiB. Default 125.
-        efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients). Default False.
+        efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients; FSx serves no EFA
+            to the trn2 family). Default False.
         retain: RETAIN the buckets, key and file system on stack deletion (prod); otherwise
             DESTROY them and empty the buckets first. Default False.
         checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept.
@@ -39,7 +44,10 @@ class TrainingDataPathsProps:
         compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
             recompile. Default 90.
         access_log_expiry_days: days S3 server access logs are kept. Default 365.
-        encryption_key: bring your own KMS key for buckets and file system. Default: a new key.
+        encryption_key: bring your own KMS key for buckets and file system; its key policy must
+            let FSx's S3-access role (``aws-service-role/s3.data-source.lustre.fsx.amazonaws.com``)
+            use it through S3, or the data repository associations fail. Default: a new key,
+            with that statement.
         datasets_bucket: bring your own datasets bucket (imported into ``/datasets`` and read by
             jobs; its encryption key must let FSx's S3-access role use it). Default: a new
             bucket.
@@ -80,8 +88,9 @@ class TrainingDataPaths(Construct):
         mountpoint_role.
 
     Raises:
-        ValueError: storage or throughput not allowed for PERSISTENT_2, or a lifecycle period
-            below one day; each message names the prop, the value and what is allowed.
+        ValueError: storage or throughput not allowed for PERSISTENT_2 (or for EFA), EFA with
+            CIDR clients, or a lifecycle period below one day; each message names the prop, the
+            value and what is allowed.
     """
 
     def __init__(
@@ -278,15 +287,26 @@ class TrainingDataPaths(Construct):
             allow_all_outbound=False,
         )
         clients = self.props.lustre_clients
+        client_group = ec2.SecurityGroup.is_security_group(clients)
         if self.props.efa_fsx:
-            # EFA needs all traffic to and from the group itself, in and out.
-            group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
-            group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
-        for port in LUSTRE_PORTS:
-            group.add_ingress_rule(clients, port, "Lustre from clients")
-            if not self.props.efa_fsx:
+            # EFA needs all traffic between the file servers and between them and their clients,
+            # in and out, named by security group.
+            ports = [ec2.Port.all_traffic()]
+            group.add_ingress_rule(group, ports[0], "EFA between file servers")
+            group.add_egress_rule(group, ports[0], "EFA between file servers")
+        else:
+            ports = list(LUSTRE_PORTS)
+            for port in ports:
                 # Ingress between file servers comes from LustreFileSystem (988-1023 from itself).
                 group.add_egress_rule(group, port, "Lustre between file servers")
+        for port in ports:
+            group.add_ingress_rule(clients, port, "Lustre from clients")
+            group.add_egress_rule(clients, port, "Lustre to clients")
+            if client_group:
+                # The clients' side of the same rules, kept in this stack (remote rules).
+                peer = cast(ec2.ISecurityGroup, clients)
+                peer.add_ingress_rule(group, port, "Lustre from the file servers", True)
+                peer.add_egress_rule(group, port, "Lustre to the file servers", True)
         deny_other_egress(group)
         return group
 
@@ -357,6 +377,18 @@ def _validate(props: TrainingDataPathsProps) -> None:
     if not fsx_limits.storage_allowed(props.fsx_storage_gib):
         raise ValueError(
             f"fsx_storage_gib {props.fsx_storage_gib} is not allowed; {fsx_limits.STORAGE_RULE}"
+        )
+    if props.efa_fsx and not fsx_limits.efa_storage_allowed(
+        props.fsx_storage_gib, props.fsx_throughput_per_tib
+    ):
+        raise ValueError(
+            f"fsx_storage_gib {props.fsx_storage_gib} is not allowed; "
+            f"{fsx_limits.efa_storage_rule(props.fsx_throughput_per_tib)}"
+        )
+    if props.efa_fsx and not ec2.SecurityGroup.is_security_group(props.lustre_clients):
+        raise ValueError(
+            "lustre_clients must be a security group with efa_fsx; "
+            "FSx for Lustre over EFA takes no CIDR rules"
         )
     if not fsx_limits.throughput_allowed(props.fsx_throughput_per_tib):
         raise ValueError(

@@ -12,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from constructs_lib._common import log_group_key, retention
+from constructs_lib._common import deny_other_egress, log_group_key, retention
 
 # Interface endpoints that private trn and system nodes call on every boot or job, so that none
 # of that traffic (multi-GB Neuron images above all) pays NAT data processing or depends on it:
@@ -110,6 +110,8 @@ class TrainingNetwork(Construct):
         trn_subnets: the selection of the trn AZ's private subnet (one subnet).
         private_subnets: the selection of all private subnets.
         flow_log_group: the flow log group (None with ``vpc``).
+        lustre_clients: a security group for the nodes that mount FSx for Lustre; the file
+            system's group admits it (by group, as EFA requires). Created with ``vpc`` too.
 
     Raises:
         ValueError: fewer than two AZs, the trn AZ not among them, a bad CIDR or mask, more NAT
@@ -120,6 +122,7 @@ class TrainingNetwork(Construct):
     cidr: str
     flow_log_group: logs.LogGroup | None
     endpoint_security_group: ec2.SecurityGroup | None
+    lustre_clients: ec2.SecurityGroup
     _selection: dict[str, Any]
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingNetworkProps) -> None:
@@ -128,6 +131,7 @@ class TrainingNetwork(Construct):
         self.props = props
         if props.vpc is not None:
             self._adopt(props.vpc)
+            self.lustre_clients = self._lustre_clients()
             return
         self.cidr = props.cidr
         self.flow_log_key = log_group_key(self, "FlowLogKey", props.removal_policy)
@@ -191,9 +195,23 @@ class TrainingNetwork(Construct):
                 security_groups=[self.endpoint_security_group],
             )
         self._reserve_prefixes()
+        self.lustre_clients = self._lustre_clients()
+
+    def _lustre_clients(self) -> ec2.SecurityGroup:
+        group = ec2.SecurityGroup(
+            self,
+            "LustreClients",
+            vpc=self.vpc,
+            description="Lustre clients: the nodes that mount FSx for Lustre",
+            allow_all_outbound=False,
+        )
+        # Rules come from the file system's side; nothing else goes out through this group.
+        deny_other_egress(group)
+        return group
 
     def _adopt(self, vpc: ec2.IVpc) -> None:
-        """Bring-your-own VPC: select its private subnets; create nothing inside it."""
+        """Bring-your-own VPC: select its private subnets; create nothing inside it but the
+        Lustre clients group."""
         self.vpc = vpc
         self.cidr = vpc.vpc_cidr_block
         self.flow_log_group = None

@@ -234,10 +234,11 @@ def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
     )
 
 
-def _fsx(reader: _Reader, profile: Profile) -> FsxSettings:
+def _fsx(reader: _Reader, profile: Profile, instance_type: str) -> FsxSettings:
     storage = reader.integer("fsx_storage_gib", profile.default_fsx_storage_gib, 1, FSX_MAX_GIB)
+    storage_ok = storage is None or fsx_limits.storage_allowed(storage)
     reader.check(
-        storage is None or fsx_limits.storage_allowed(storage),
+        storage_ok,
         "fsx_storage_gib",
         storage,
         fsx_limits.STORAGE_RULE,
@@ -254,11 +255,26 @@ def _fsx(reader: _Reader, profile: Profile) -> FsxSettings:
         throughput,
         fsx_limits.THROUGHPUT_RULE,
     )
-    return FsxSettings(
+    settings = FsxSettings(
         storage_gib=storage or profile.default_fsx_storage_gib,
         throughput_per_tib=throughput or profile.default_fsx_throughput_per_tib,
         efa=reader.boolean("efa_fsx", False),
     )
+    base_rules_hold = storage is not None and throughput is not None and storage_ok
+    if settings.efa and base_rules_hold:
+        reader.check(
+            fsx_limits.efa_storage_allowed(settings.storage_gib, settings.throughput_per_tib),
+            "fsx_storage_gib",
+            settings.storage_gib,
+            f"with efa_fsx, {fsx_limits.efa_storage_rule(settings.throughput_per_tib)}",
+        )
+    reader.check(
+        not settings.efa or fsx_limits.efa_client_allowed(instance_type),
+        "efa_fsx",
+        True,
+        f"FSx for Lustre serves no EFA to the trn2 family; instance_type is {instance_type}",
+    )
+    return settings
 
 
 def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
@@ -303,13 +319,14 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
     profile, preview = _profile(reader)
     account, region, az = _location(reader)
     ttl_hours = _preview_ttl(reader, preview)
+    trn = _trn(reader, profile)
     config = PlatformConfig(
         account=account,
         region=region,
         availability_zone=az,
         profile=profile,
-        trn=_trn(reader, profile),
-        fsx=_fsx(reader, profile),
+        trn=trn,
+        fsx=_fsx(reader, profile, trn.instance_type),
         preview=preview,
         ttl_hours=ttl_hours,
         expires_at=(now + timedelta(hours=ttl_hours)) if now and ttl_hours else None,

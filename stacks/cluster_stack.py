@@ -49,5 +49,6 @@ class ClusterStack(Stack):
             nodes=config.trn.nodes,
             capacity=config.trn.capacity,
             capacity_reservation_id=config.trn.capacity_reservation_id,
+            security_groups=[network.lustre_clients],
             nodegroup_name=f"{config.name}-trn",
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import Stack
-from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from constructs_lib import TrainingDataPaths, TrainingDataPathsProps, TrainingNetwork
@@ -35,7 +34,7 @@ class DataStack(Stack):
             props=TrainingDataPathsProps(
                 vpc=network.vpc,
                 fsx_subnet=network.trn_subnet,
-                lustre_clients=ec2.Peer.ipv4(network.cidr),
+                lustre_clients=network.lustre_clients,
                 fsx_storage_gib=config.fsx.storage_gib,
                 fsx_throughput_per_tib=config.fsx.throughput_per_tib,
                 efa_fsx=config.fsx.efa,

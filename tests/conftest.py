@@ -26,7 +26,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "dev": {},
     "prod": {"env": "prod"},
     "preview": {"preview": "alpha", "ttl_hours": "24"},
-    "efa-fsx": {"efa_fsx": "true", "fsx_storage_gib": "4800", "fsx_throughput_per_tib": "500"},
+    "efa-fsx": {"efa_fsx": "true", "fsx_storage_gib": "4800", "fsx_throughput_per_tib": "1000"},
     "capacity-block": {
         "capacity": "capacity-block",
         "capacity_reservation_id": "cr-0123456789abcdef0",

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 import trn_catalog
-from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError, versions
+from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError, fsx, versions
 
 REQUIRED_TYPES = (
     "trn1.32xlarge",
@@ -102,3 +102,12 @@ def test_addon_lookup_names_what_is_pinned() -> None:
         versions.addon("vpc_cni")
     with pytest.raises(KeyError, match="'coredns' has no Pod Identity service account"):
         versions.service_account("coredns")
+
+
+def test_fsx_efa_rules() -> None:
+    assert fsx.efa_storage_allowed(9600, 500) and not fsx.efa_storage_allowed(4800, 500)
+    assert not fsx.efa_storage_allowed(38400, 200)
+    assert "multiple of 38400 GiB" in fsx.efa_storage_rule(125)
+    assert [t for t in CATALOG if not fsx.efa_client_allowed(t)] == [
+        t for t in CATALOG if t.startswith("trn2")
+    ]

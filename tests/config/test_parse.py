@@ -36,16 +36,16 @@ def test_no_context_gives_the_offline_defaults() -> None:
 def test_cli_strings_are_converted() -> None:
     config = parse(
         trn_nodes="4",
-        fsx_storage_gib="4800",
+        fsx_storage_gib="9600",
         fsx_throughput_per_tib="500",
         efa_fsx="true",
         capacity="odcr",
         capacity_reservation_id=RESERVATION,
-        instance_type="trn2.48xlarge",
+        instance_type="trn3.48xlarge",
         admin_role_arn="arn:aws:iam::210987654321:role/PlatformAdmin",
     )
     assert config.trn.nodes == 4 and config.trn.spec.efa_interfaces == 16
-    assert config.fsx.storage_gib == 4800 and config.fsx.throughput_per_tib == 500
+    assert config.fsx.storage_gib == 9600 and config.fsx.throughput_per_tib == 500
     assert config.fsx.efa is True
     assert config.trn.capacity_reservation_id == RESERVATION
     assert config.admin_role_arn == "arn:aws:iam::210987654321:role/PlatformAdmin"
@@ -107,6 +107,14 @@ BAD_INPUT = [
     ({"fsx_storage_gib": "0"}, r"fsx_storage_gib: '0' .*whole number from 1"),
     ({"fsx_throughput_per_tib": "200"}, r"fsx_throughput_per_tib: 200 .*125, 250, 500, 1000"),
     ({"efa_fsx": "maybe"}, r"efa_fsx: 'maybe' .*true or false"),
+    (
+        {"efa_fsx": "true", "fsx_storage_gib": "4800", "fsx_throughput_per_tib": "500"},
+        r"fsx_storage_gib: 4800 .*with efa_fsx, .*500 MB/s per TiB is a multiple of 9600 GiB",
+    ),
+    (
+        {"efa_fsx": "true", "fsx_storage_gib": "38400", "instance_type": "trn2.48xlarge"},
+        r"efa_fsx: True .*serves no EFA to the trn2 family; instance_type is trn2.48xlarge",
+    ),
     ({"env": "staging"}, r"env: 'staging' .*one of: dev, prod"),
     ({"preview": "Team_NLP"}, r"preview: 'Team_NLP' .*DNS-safe project name"),
     ({"preview": "nlp-"}, r"preview: 'nlp-' .*not ending with '-'"),

@@ -452,3 +452,14 @@ def test_public_endpoint_only_from_listed_cidrs() -> None:
     vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
     assert vpc_config["EndpointPublicAccess"] is True
     assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24"]
+
+
+def test_trn_nodes_carry_the_lustre_clients_group(dev: Synth) -> None:
+    (template,) = [
+        t
+        for t in dev.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" in t["Properties"]["LaunchTemplateData"]
+    ]
+    for interface in template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]:
+        groups = [json.dumps(group) for group in interface["Groups"]]
+        assert len(groups) == 3 and sum("LustreClients" in g for g in groups) == 1

@@ -129,40 +129,74 @@ def test_fsx_sizes_follow_the_profile(prod: Synth) -> None:
     assert props["LustreConfiguration"]["PerUnitStorageThroughput"] == 250
 
 
-def lustre_group_rules(synth: Synth) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    (group,) = synth.resources("data", "AWS::EC2::SecurityGroup").values()
-    ingress = list(group["Properties"].get("SecurityGroupIngress", []))
-    egress = [e for e in group["Properties"].get("SecurityGroupEgress", [])]
-    for r in synth.resources("data", "AWS::EC2::SecurityGroupIngress").values():
-        ingress.append(r["Properties"])
-    for r in synth.resources("data", "AWS::EC2::SecurityGroupEgress").values():
-        egress.append(r["Properties"])
-    return ingress, egress
+Rule = tuple[str, str, str, str, int | None, int | None]
 
 
-def test_lustre_ports_open_to_the_vpc_and_between_servers(dev: Synth) -> None:
-    ingress, egress = lustre_group_rules(dev)
-    from_vpc = {(r["FromPort"], r["ToPort"]) for r in ingress if r.get("CidrIp") == "10.64.0.0/16"}
-    from_self = {(r["FromPort"], r["ToPort"]) for r in ingress if "SourceSecurityGroupId" in r}
-    to_self = {(r["FromPort"], r["ToPort"]) for r in egress if "DestinationSecurityGroupId" in r}
-    assert from_vpc == to_self == {(988, 988), (1018, 1023)}
-    assert from_self == {(988, 1023)}
-    assert not any(r.get("CidrIp") == "0.0.0.0/0" for r in ingress + egress)
+def lustre_rules(synth: Synth) -> set[Rule]:
+    """(group, direction, peer, protocol, from, to) of every separate rule in the data stack;
+    groups and peers are 'servers' (the file system's group) or 'clients'."""
+    (servers,) = synth.resources("data", "AWS::EC2::SecurityGroup")
+
+    def who(reference: Any) -> str:
+        return "servers" if servers in json.dumps(reference) else "clients"
+
+    rules = set()
+    for kind, peer_field in (
+        ("ingress", "SourceSecurityGroupId"),
+        ("egress", "DestinationSecurityGroupId"),
+    ):
+        resource_type = f"AWS::EC2::SecurityGroup{kind.capitalize()}"
+        for resource in synth.resources("data", resource_type).values():
+            p = resource["Properties"]
+            peer = who(p[peer_field]) if peer_field in p else p["CidrIp"]
+            rules.add(
+                (who(p["GroupId"]), kind, peer, p["IpProtocol"], p.get("FromPort"), p.get("ToPort"))
+            )
+    return rules
+
+
+LUSTRE = [("tcp", 988, 988), ("tcp", 1018, 1023)]
+
+
+def test_lustre_ports_open_between_servers_and_the_client_group_only(dev: Synth) -> None:
+    both_ways = {
+        (group, kind, peer, *port)
+        for group, peer in (("servers", "clients"), ("clients", "servers"))
+        for kind in ("ingress", "egress")
+        for port in LUSTRE
+    }
+    between_servers = {("servers", "egress", "servers", *port) for port in LUSTRE}
+    # LustreFileSystem opens 988-1023 from the group itself.
+    from_self = {("servers", "ingress", "servers", "tcp", 988, 1023)}
+    assert lustre_rules(dev) == both_ways | between_servers | from_self
+    (servers,) = dev.resources("data", "AWS::EC2::SecurityGroup").values()
     # The inline placeholder keeps EC2 from adding its default allow-all egress rule.
-    assert [r["CidrIp"] for r in egress if "CidrIp" in r] == ["255.255.255.255/32"]
+    inline = servers["Properties"]["SecurityGroupEgress"]
+    assert [r["CidrIp"] for r in inline] == ["255.255.255.255/32"]
+    assert "SecurityGroupIngress" not in servers["Properties"]
 
 
-def test_efa_fsx_enables_efa_and_opens_the_group_to_itself(
+def test_efa_fsx_enables_efa_and_opens_all_traffic_by_group(
     synth_variant: Callable[[str], Synth],
 ) -> None:
     efa = synth_variant("efa-fsx")
     lustre = file_system(efa)["Properties"]["LustreConfiguration"]
     assert lustre["EfaEnabled"] is True
     assert lustre["MetadataConfiguration"] == {"Mode": "AUTOMATIC"}
-    assert lustre["PerUnitStorageThroughput"] == 500
-    ingress, egress = lustre_group_rules(efa)
-    assert any(r["IpProtocol"] == "-1" and "SourceSecurityGroupId" in r for r in ingress)
-    assert any(r["IpProtocol"] == "-1" and "DestinationSecurityGroupId" in r for r in egress)
+    assert (
+        file_system(efa)["Properties"]["StorageCapacity"],
+        lustre["PerUnitStorageThroughput"],
+    ) == (
+        4800,
+        1000,
+    )
+    all_traffic = {
+        (group, kind, peer, "-1", None, None)
+        for group, peer in (("servers", "servers"), ("servers", "clients"), ("clients", "servers"))
+        for kind in ("ingress", "egress")
+    }
+    assert all_traffic <= lustre_rules(efa)
+    assert not any(rule[2].startswith(("0.", "10.")) for rule in lustre_rules(efa))
 
 
 def test_data_repository_associations(dev: Synth) -> None:
@@ -231,6 +265,14 @@ def data_paths(**overrides: Any) -> TrainingDataPaths:
         ({"fsx_throughput_per_tib": 50}, r"fsx_throughput_per_tib 50 is not allowed; .*125, 250"),
         ({"checkpoint_noncurrent_days": 0}, r"checkpoint_noncurrent_days 0 is not allowed"),
         ({"compile_cache_expiry_days": -1}, r"compile_cache_expiry_days -1 is not allowed"),
+        (
+            {"efa_fsx": True, "fsx_storage_gib": 2400, "fsx_throughput_per_tib": 1000},
+            r"fsx_storage_gib 2400 is not allowed; an EFA-enabled .* multiple of 4800 GiB",
+        ),
+        (
+            {"efa_fsx": True, "fsx_storage_gib": 4800, "fsx_throughput_per_tib": 1000},
+            r"lustre_clients must be a security group with efa_fsx; .*no CIDR rules",
+        ),
     ],
 )
 def test_construct_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
