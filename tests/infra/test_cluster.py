@@ -415,6 +415,27 @@ def test_image_repository(dev: Synth) -> None:
     assert image["source"]["platform"] == "linux/amd64"
 
 
+def test_jobs_run_the_image_copied_into_the_repository(dev: Synth) -> None:
+    assets = json.loads((dev.outdir / "trn-dev-image.assets.json").read_text())
+    (asset_hash,) = assets["dockerImages"]
+    (copy,) = dev.resources("image", "Custom::CDKECRDeployment").values()
+    (repository,) = dev.resources("image", "AWS::ECR::Repository")
+    source = json.dumps(copy["Properties"]["SrcImage"])
+    dest = json.dumps(copy["Properties"]["DestImage"])
+    assert "container-assets" in source and asset_hash in source
+    assert repository in dest and f":{asset_hash}" in dest and "container-assets" not in dest
+    # The copy waits for its grants, which allow no ECR action beyond the two repositories.
+    (policy_id, policy) = next(iter(dev.resources("image", "AWS::IAM::Policy").items()))
+    assert policy_id in copy["DependsOn"]
+    for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+        if statement["Resource"] == "*":
+            assert statement["Action"] == "ecr:GetAuthorizationToken"
+    # What the jobs run: the repository's image, by content hash.
+    assert dev.platform.workloads.workspace.props.image_uri == dev.platform.image.image.image_uri
+    workloads = json.dumps(dev.template("workloads"))
+    assert f":{asset_hash}" in workloads and "container-assets" not in workloads
+
+
 def neuron_cluster(**overrides: Any) -> NeuronCluster:
     stack = cdk.Stack(
         cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")

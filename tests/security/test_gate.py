@@ -141,7 +141,12 @@ def test_only_cdk_custom_resource_providers_are_lambda_functions(
     for name, template in synth.templates.items():
         for logical_id, resource in template["Resources"].items():
             if resource["Type"] == "AWS::Lambda::Function":
-                known = ("CustomResourceProvider", "KubectlProvider", "LifecycleReaper")
+                known = (
+                    "CustomResourceProvider",
+                    "KubectlProvider",
+                    "LifecycleReaper",
+                    "CustomCDKECRDeployment",
+                )
                 assert any(part in logical_id for part in known), (name, logical_id)
 
 
