@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+import jsii
+from aws_cdk import (
+    Acknowledgment,
+    Aspects,
+    Duration,
+    IAspect,
+    RemovalPolicy,
+    Stack,
+    Validations,
+)
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -201,15 +211,41 @@ IMDSV2_ONE_HOP = {"HttpEndpoint": "enabled", "HttpTokens": "required", "HttpPutR
 
 
 def launch_template(
-    scope: Construct, construct_id: str, data: dict[str, Any]
+    scope: Construct,
+    construct_id: str,
+    data: dict[str, Any],
+    instance_tags: Mapping[str, str] | None = None,
 ) -> ec2.CfnLaunchTemplate:
     """A launch template from raw CloudFormation ``LaunchTemplateData``, IMDSv2 with one hop.
 
     Raw keys, because the typed L1 silently drops keys it does not model (efa-only interfaces,
-    network card indexes).
+    network card indexes). Instances and their volumes carry the stack's tags (a preview's tags
+    among them, which its budget filters on) plus ``instance_tags``: tags on a node group do not
+    reach its instances.
     """
     template = ec2.CfnLaunchTemplate(scope, construct_id, launch_template_data={})
     template.add_property_override(
         "LaunchTemplateData", {"MetadataOptions": IMDSV2_ONE_HOP, **data}
     )
+    Aspects.of(template).add(_TagInstances(dict(instance_tags or {})))
     return template
+
+
+@jsii.implements(IAspect)
+class _TagInstances:
+    """Copies the stack's tags into the template's instance and volume tags. An aspect at the
+    default priority runs after the Tags aspects (mutating priority) have tagged the stack."""
+
+    def __init__(self, extra: dict[str, str]) -> None:
+        self.extra = extra
+
+    def visit(self, node: IConstruct) -> None:
+        if not isinstance(node, ec2.CfnLaunchTemplate):
+            return
+        tags = {**Stack.of(node).tags.tag_values(), **self.extra}
+        if tags:
+            rendered = [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
+            node.add_property_override(
+                "LaunchTemplateData.TagSpecifications",
+                [{"ResourceType": kind, "Tags": rendered} for kind in ("instance", "volume")],
+            )

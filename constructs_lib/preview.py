@@ -22,10 +22,12 @@ from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
 from constructs_lib._common import (
@@ -68,16 +70,17 @@ class PreviewLifecycle(Construct):
     Default settings: every stack is tagged ``trn-platform:preview=<project>`` and
     ``trn-platform:expires-at=<ISO-8601 UTC>`` and refuses, at synth, any resource that asks to
     be retained; a one-time EventBridge Scheduler schedule at expiry invokes a small function
-    that deletes the stacks newest first, each only if its tags match; an AWS Budgets budget on
-    the preview tag alerts at 50, 80 and 100 percent to a KMS-encrypted SNS topic (and to
-    ``alert_email`` when given).
+    that deletes the stacks newest first, each only if its tags match, and moves the schedule
+    to a later expiry tag when it finds one; an AWS Budgets budget on the preview tag alerts at
+    50, 80 and 100 percent to a KMS-encrypted SNS topic, which also hears of a deletion that
+    keeps failing and forwards both to ``alert_email`` when given.
 
     The function may only describe and delete the preview's own stacks: CloudFormation deletes
     their resources with the service role each stack was deployed with (``cdk deploy`` uses the
     bootstrap's CloudFormation execution role), so the function holds no resource permissions.
 
     Attributes:
-        reaper (the function), schedule, topic, budget.
+        reaper (the function), schedule, topic, alert_key, budget.
 
     Raises:
         ValueError: a project name that is not DNS-safe, a naive or past-the-epoch expiry, no
@@ -95,9 +98,9 @@ class PreviewLifecycle(Construct):
             Tags.of(stack).add(TAG_PREVIEW, props.project)
             Tags.of(stack).add(TAG_EXPIRES_AT, expires)
             stack.node.add_validation(_RefuseRetain(stack))
+        self.topic = self._topic()
         self.reaper = self._reaper()
         self.schedule = self._schedule(expires)
-        self.topic = self._topic()
         self.budget = self._budget()
 
     def _reaper(self) -> lambda_.Function:
@@ -113,8 +116,10 @@ class PreviewLifecycle(Construct):
             code=lambda_.Code.from_asset(str(REAPER_CODE), exclude=["__pycache__", "*.pyc"]),
             timeout=Duration.minutes(15),
             memory_size=256,
-            # One reaper at a time: a continuation must not race the run that started it.
-            reserved_concurrent_executions=1,
+            # A failed deletion raises; after Lambda's two retries the topic (and the alert
+            # email) hears of it. No reserved concurrency: new accounts may not have the quota
+            # for it, and deleting a stack twice is harmless.
+            on_failure=destinations.SnsDestination(self.topic),
             log_group=logs.LogGroup(
                 self,
                 "ReaperLogs",
@@ -125,6 +130,7 @@ class PreviewLifecycle(Construct):
         )
         role = function.role
         assert isinstance(role, iam.Role)
+        self.alert_key.grant(role, "kms:GenerateDataKey*", "kms:Decrypt")
         role.add_to_policy(
             iam.PolicyStatement(
                 actions=["cloudformation:DescribeStacks", "cloudformation:DeleteStack"],
@@ -164,12 +170,15 @@ class PreviewLifecycle(Construct):
         return function
 
     def _schedule(self, expires: str) -> scheduler.Schedule:
+        stack = Stack.of(self)
+        name = f"trn-pv-{self.props.project}-expiry"
         stacks = [s.stack_name for s in self.props.stacks]
         event = {
             "project": self.props.project,
             "stacks": stacks,
-            "self_stack": Stack.of(self).stack_name,
+            "self_stack": stack.stack_name,
             "tags": {"preview": TAG_PREVIEW, "expires_at": TAG_EXPIRES_AT},
+            "schedule": {"name": name, "group": "default"},
         }
         role = iam.Role(
             self,
@@ -177,9 +186,11 @@ class PreviewLifecycle(Construct):
             assumed_by=iam.ServicePrincipal("scheduler.amazonaws.com"),
             description=f"EventBridge Scheduler invokes preview {self.props.project}'s reaper",
         )
+        self._let_reaper_reschedule(name, role)
         schedule = scheduler.Schedule(
             self,
             "Expiry",
+            schedule_name=name,
             description=f"Delete preview {self.props.project} at {expires}",
             schedule=scheduler.ScheduleExpression.at(
                 self.props.expires_at.astimezone(UTC), TimeZone.ETC_UTC
@@ -191,8 +202,34 @@ class PreviewLifecycle(Construct):
         acknowledge_wildcards(role, "CDK grants invoke on the reaper and its versions (ARN:*).")
         return schedule
 
+    def _let_reaper_reschedule(self, schedule_name: str, schedule_role: iam.Role) -> None:
+        """The reaper moves its schedule to a later expiry (``trnctl preview extend``, or a
+        redeployed stack) instead of never firing again."""
+        stack = Stack.of(self)
+        reaper_role = self.reaper.role
+        assert isinstance(reaper_role, iam.Role)
+        reaper_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["scheduler:GetSchedule", "scheduler:UpdateSchedule"],
+                resources=[
+                    stack.format_arn(
+                        service="scheduler",
+                        resource="schedule",
+                        resource_name=f"default/{schedule_name}",
+                    )
+                ],
+            )
+        )
+        reaper_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[schedule_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}},
+            )
+        )
+
     def _topic(self) -> sns.Topic:
-        key = kms.Key(
+        self.alert_key = key = kms.Key(
             self,
             "AlertKey",
             description=f"Encrypts preview {self.props.project}'s budget alerts",
@@ -217,12 +254,13 @@ class PreviewLifecycle(Construct):
                 conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
             )
         )
+        if self.props.alert_email:
+            topic.add_subscription(subscriptions.EmailSubscription(self.props.alert_email))
         return topic
 
     def _budget(self) -> budgets.CfnBudget:
+        # One path to the alert email, through the topic, which also carries reaper failures.
         subscribers = [{"subscriptionType": "SNS", "address": self.topic.topic_arn}]
-        if self.props.alert_email:
-            subscribers.append({"subscriptionType": "EMAIL", "address": self.props.alert_email})
         return budgets.CfnBudget(
             self,
             "Budget",

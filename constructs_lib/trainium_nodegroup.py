@@ -161,12 +161,6 @@ class TrainiumNodeGroup(Construct):
                     },
                 }
             ],
-            "TagSpecifications": [
-                {
-                    "ResourceType": "instance",
-                    "Tags": [{"Key": NODE_TYPE_LABEL, "Value": "trainium"}],
-                }
-            ],
         }
         if self.spec.instance_store_gb > 0:
             data["UserData"] = Fn.base64(_LOCAL_STORAGE_NODECONFIG)
@@ -186,7 +180,9 @@ class TrainiumNodeGroup(Construct):
                     "CapacityReservationId": props.capacity_reservation_id
                 },
             }
-        return launch_template(self, "LaunchTemplate", data)
+        return launch_template(
+            self, "LaunchTemplate", data, instance_tags={NODE_TYPE_LABEL: "trainium"}
+        )
 
     def _nodegroup(self) -> eks.Nodegroup:
         props = self.props

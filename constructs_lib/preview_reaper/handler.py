@@ -3,7 +3,10 @@
 Invoked once by an EventBridge Scheduler schedule at the preview's expiry. A stack is deleted
 only if it carries the preview tag with this project and an expiry tag that has passed; the
 first stack that does not stops the run, since the stacks it depends on could not be deleted
-anyway. Deletions that outlast the invocation continue in a fresh asynchronous invocation.
+anyway. A stack of this preview whose expiry lies ahead (the preview was extended, or a stack
+redeployed) moves the schedule to that time. Deletions that outlast the invocation continue in
+a fresh asynchronous invocation. A deletion that fails raises, so that Lambda retries it and
+then reports the failure to the preview's alert topic.
 
 Standard library and boto3 only (both in the Lambda runtime), so it ships as a single file.
 """
@@ -22,6 +25,10 @@ POLL_SECONDS = 15
 HANDOVER_MS = 60_000
 
 
+class DeletionFailed(RuntimeError):
+    """CloudFormation could not delete a stack; raised so that Lambda retries and reports it."""
+
+
 def refusal(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> str | None:
     """Why ``stack`` must not be deleted, or None when it may."""
     tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
@@ -29,13 +36,28 @@ def refusal(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> str 
     if project != event["project"]:
         return f"tag {event['tags']['preview']} is {project!r}, not {event['project']!r}"
     expires = tags.get(event["tags"]["expires_at"], "")
-    try:
-        expiry = datetime.strptime(expires, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
+    expiry = _expiry(expires)
+    if expiry is None:
         return f"tag {event['tags']['expires_at']} {expires!r} is not an ISO-8601 UTC time"
     if expiry > now:
         return f"expires at {expires}, not yet"
     return None
+
+
+def later_expiry(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> datetime | None:
+    """The expiry of a stack of this preview that has not come yet, else None."""
+    tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
+    if tags.get(event["tags"]["preview"]) != event["project"]:
+        return None
+    expiry = _expiry(tags.get(event["tags"]["expires_at"], ""))
+    return expiry if expiry is not None and expiry > now else None
+
+
+def _expiry(text: str) -> datetime | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def reap(
@@ -45,11 +67,16 @@ def reap(
     now: datetime,
     millis_left: Callable[[], int],
     resume: Callable[[], None],
+    reschedule: Callable[[datetime], None],
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Delete ``event["stacks"]`` (given in deployment order) in reverse order.
 
-    Returns ``{"status": "done" | "stopped" | "continuing", "deleted": [...], "reason": ...}``.
+    Returns ``{"status": "done" | "stopped" | "rescheduled" | "continuing", "deleted": [...],
+    "reason": ...}``.
+
+    Raises:
+        DeletionFailed: a stack ended in DELETE_FAILED.
     """
     deleted: list[str] = []
     for name in reversed(event["stacks"]):
@@ -57,6 +84,11 @@ def reap(
         if stack is None:
             continue
         reason = refusal(stack, event, now)
+        later = later_expiry(stack, event, now)
+        if later is not None:
+            reschedule(later)
+            when = later.strftime("%Y-%m-%dT%H:%M:%SZ")
+            return {"status": "rescheduled", "deleted": deleted, "stack": name, "until": when}
         if reason:
             return {"status": "stopped", "deleted": deleted, "stack": name, "reason": reason}
         if stack["StackStatus"] != "DELETE_IN_PROGRESS":
@@ -67,7 +99,7 @@ def reap(
         while (current := _describe(cloudformation, stack["StackId"])) is not None:
             if current["StackStatus"] == "DELETE_FAILED":
                 reason = current.get("StackStatusReason", "delete failed")
-                return {"status": "stopped", "deleted": deleted, "stack": name, "reason": reason}
+                raise DeletionFailed(f"{name}: {reason} (deleted so far: {deleted})")
             if millis_left() < HANDOVER_MS:
                 resume()
                 return {"status": "continuing", "deleted": deleted, "stack": name}
@@ -89,10 +121,25 @@ def _describe(cloudformation: Any, name: str) -> dict[str, Any] | None:
     return stack
 
 
+def move_schedule(scheduler: Any, name: str, group: str, when: datetime) -> None:
+    """Point the one-time schedule ``group/name`` at ``when`` (UTC), keeping its target."""
+    current = scheduler.get_schedule(Name=name, GroupName=group)
+    keep = ("Description", "FlexibleTimeWindow", "Target", "KmsKeyArn", "ActionAfterCompletion")
+    scheduler.update_schedule(
+        Name=name,
+        GroupName=group,
+        ScheduleExpression=f"at({when.astimezone(UTC):%Y-%m-%dT%H:%M:%S})",
+        ScheduleExpressionTimezone="Etc/UTC",
+        State="ENABLED",
+        **{key: current[key] for key in keep if key in current},
+    )
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     import boto3
 
     cloudformation = boto3.client("cloudformation")
+    schedule = event["schedule"]
 
     def resume() -> None:
         boto3.client("lambda").invoke(
@@ -107,6 +154,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         now=datetime.now(UTC),
         millis_left=context.get_remaining_time_in_millis,
         resume=resume,
+        reschedule=lambda when: move_schedule(
+            boto3.client("scheduler"), schedule["name"], schedule["group"], when
+        ),
     )
     print(json.dumps({"function": os.environ.get("AWS_LAMBDA_FUNCTION_NAME"), **result}))
     return result

@@ -112,10 +112,71 @@ def test_budget_alerts_at_50_80_100(two_previews: dict[str, dict[str, Any]]) -> 
     thresholds = [n["Notification"]["Threshold"] for n in budget["NotificationsWithSubscribers"]]
     assert thresholds == [50, 80, 100]
     for notification in budget["NotificationsWithSubscribers"]:
-        kinds = {s["SubscriptionType"] for s in notification["Subscribers"]}
-        assert kinds == {"SNS", "EMAIL"}
+        assert [s["SubscriptionType"] for s in notification["Subscribers"]] == ["SNS"]
     (topic,) = [r for r in lifecycle["Resources"].values() if r["Type"] == "AWS::SNS::Topic"]
     assert "KmsMasterKeyId" in topic["Properties"]
+    # The email hears of budget alerts and of failed deletions through the one topic.
+    (subscription,) = [
+        r["Properties"]
+        for r in lifecycle["Resources"].values()
+        if r["Type"] == "AWS::SNS::Subscription"
+    ]
+    assert (subscription["Protocol"], subscription["Endpoint"]) == ("email", "ml@example.com")
+
+
+def test_a_failing_reaper_reports_to_the_alert_topic(
+    two_previews: dict[str, dict[str, Any]],
+) -> None:
+    resources = two_previews["trn-pv-alpha-lifecycle"]["Resources"]
+    (function,) = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Function"]
+    # Reserved concurrency fails on accounts whose unreserved pool is at its minimum.
+    assert "ReservedConcurrentExecutions" not in function["Properties"]
+    (config,) = [r for r in resources.values() if r["Type"] == "AWS::Lambda::EventInvokeConfig"]
+    (topic_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SNS::Topic"]
+    destination = config["Properties"]["DestinationConfig"]["OnFailure"]["Destination"]
+    assert destination == {"Ref": topic_id}
+
+
+def test_reaper_may_move_only_its_own_schedule(two_previews: dict[str, dict[str, Any]]) -> None:
+    resources = two_previews["trn-pv-alpha-lifecycle"]["Resources"]
+    (schedule,) = [r for r in resources.values() if r["Type"] == "AWS::Scheduler::Schedule"]
+    assert schedule["Properties"]["Name"] == "trn-pv-alpha-expiry"
+    event = json.loads(schedule["Properties"]["Target"]["Input"])
+    assert event["schedule"] == {"name": "trn-pv-alpha-expiry", "group": "default"}
+    statements = [
+        s
+        for r in resources.values()
+        if r["Type"] == "AWS::IAM::Policy"
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    (move,) = [s for s in statements if "scheduler:UpdateSchedule" in s["Action"]]
+    assert move["Resource"].endswith(":schedule/default/trn-pv-alpha-expiry")
+    (pass_role,) = [s for s in statements if s["Action"] == "iam:PassRole"]
+    assert pass_role["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}
+    }
+    assert schedule["Properties"]["Target"]["RoleArn"]["Fn::GetAtt"][0] in json.dumps(
+        pass_role["Resource"]
+    )
+
+
+def test_preview_instances_and_volumes_carry_the_preview_tags(
+    two_previews: dict[str, dict[str, Any]],
+) -> None:
+    # Node group tags do not reach instances; the budget filters on the preview tag.
+    templates = [
+        r["Properties"]["LaunchTemplateData"]
+        for r in two_previews["trn-pv-alpha-cluster"]["Resources"].values()
+        if r["Type"] == "AWS::EC2::LaunchTemplate"
+    ]
+    assert len(templates) == 2
+    for data in templates:
+        kinds = {spec["ResourceType"]: spec["Tags"] for spec in data["TagSpecifications"]}
+        assert set(kinds) == {"instance", "volume"}
+        for tags in kinds.values():
+            values = {t["Key"]: t["Value"] for t in tags}
+            assert values[TAG_PREVIEW] == "alpha"
+            assert values[TAG_EXPIRES_AT] == "2026-11-30T20:00:00Z"
 
 
 def test_nothing_in_a_preview_is_retained(two_previews: dict[str, dict[str, Any]]) -> None:

@@ -9,7 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from constructs_lib.preview_reaper.handler import reap, refusal
+from constructs_lib.preview_reaper.handler import DeletionFailed, move_schedule, reap, refusal
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 PAST, FUTURE = "2026-12-01T11:00:00Z", "2026-12-02T11:00:00Z"
@@ -54,15 +54,19 @@ def event(*stacks: str, self_stack: str | None = None) -> dict[str, Any]:
 
 def run(client: Any, payload: dict[str, Any], millis: int = 900_000) -> dict[str, Any]:
     resumed: list[bool] = []
+    moved: list[datetime] = []
     result = reap(
         client,
         payload,
         now=NOW,
         millis_left=lambda: millis,
         resume=lambda: resumed.append(True),
+        reschedule=moved.append,
         sleep=lambda _: None,
     )
     result["resumed"] = bool(resumed)
+    if moved:
+        result["moved_to"] = moved
     return result
 
 
@@ -88,13 +92,56 @@ def test_deletes_expired_stacks_newest_first(cloudformation: Any) -> None:
     assert alive(cloudformation) == {"other-app"}
 
 
-def test_stops_at_an_unexpired_preview(cloudformation: Any) -> None:
+def test_an_extended_preview_moves_the_schedule_to_its_new_expiry(cloudformation: Any) -> None:
     create(cloudformation, "pv-network")
     create(cloudformation, "pv-cluster", expires=FUTURE)
     result = run(cloudformation, event("pv-network", "pv-cluster"))
-    assert result["status"] == "stopped" and result["stack"] == "pv-cluster"
-    assert "not yet" in result["reason"]
+    assert result["status"] == "rescheduled" and result["stack"] == "pv-cluster"
+    assert result["until"] == FUTURE
+    assert result["moved_to"] == [datetime(2026, 12, 2, 11, 0, tzinfo=UTC)]
     assert alive(cloudformation) == {"pv-network", "pv-cluster"}
+
+
+def test_a_failed_deletion_raises_for_lambda_to_retry_and_report(cloudformation: Any) -> None:
+    create(cloudformation, "pv-network")
+    original = cloudformation.describe_stacks
+    calls = iter(range(100))
+
+    def describe(**kwargs: Any) -> Any:
+        response = original(**kwargs)
+        if next(calls) >= 1:  # the first call finds the stack, the poll finds it failed
+            response["Stacks"][0].update(
+                {"StackStatus": "DELETE_FAILED", "StackStatusReason": "bucket not empty"}
+            )
+        return response
+
+    cloudformation.describe_stacks = describe
+    with pytest.raises(DeletionFailed, match="pv-network: bucket not empty"):
+        run(cloudformation, event("pv-network"))
+
+
+def test_move_schedule_keeps_the_target(cloudformation: Any) -> None:
+    scheduler = boto3.client("scheduler", region_name="us-east-2")
+    target = {
+        "Arn": "arn:aws:lambda:us-east-2:123456789012:function:trn-pv-alpha-reaper",
+        "RoleArn": "arn:aws:iam::123456789012:role/expiry",
+        "Input": json.dumps({"project": "alpha"}),
+    }
+    scheduler.create_schedule(
+        Name="trn-pv-alpha-expiry",
+        ScheduleExpression="at(2026-12-01T11:00:00)",
+        ScheduleExpressionTimezone="Etc/UTC",
+        FlexibleTimeWindow={"Mode": "OFF"},
+        Target=target,
+    )
+    move_schedule(
+        scheduler, "trn-pv-alpha-expiry", "default", datetime(2026, 12, 2, 11, 0, tzinfo=UTC)
+    )
+    moved = scheduler.get_schedule(Name="trn-pv-alpha-expiry", GroupName="default")
+    assert moved["ScheduleExpression"] == "at(2026-12-02T11:00:00)"
+    assert moved["ScheduleExpressionTimezone"] == "Etc/UTC"
+    assert moved["Target"]["Arn"] == target["Arn"] and moved["Target"]["Input"] == target["Input"]
+    assert moved["FlexibleTimeWindow"] == {"Mode": "OFF"}
 
 
 @pytest.mark.parametrize(
