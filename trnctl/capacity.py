@@ -47,10 +47,16 @@ class Offering:
     hours: int
     upfront_fee: Decimal
     currency: str
+    # A block that does not start on the hour runs whole hours plus these minutes.
+    minutes: int = 0
+
+    @property
+    def duration_hours(self) -> Decimal:
+        return self.hours + Decimal(self.minutes) / 60
 
     @property
     def per_instance_hour(self) -> Decimal:
-        return self.upfront_fee / (self.instance_count * self.hours)
+        return self.upfront_fee / (self.instance_count * self.duration_hours)
 
     @classmethod
     def from_api(cls, item: dict[str, Any]) -> Offering:
@@ -64,6 +70,7 @@ class Offering:
             hours=int(item["CapacityBlockDurationHours"]),
             upfront_fee=Decimal(item["UpfrontFee"]),
             currency=item.get("CurrencyCode", "USD"),
+            minutes=int(item.get("CapacityBlockDurationMinutes", 0)),
         )
 
 
@@ -136,8 +143,9 @@ def dry_run_purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> No
             raise
 
 
-def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> dict[str, Any]:
-    """Buy the offering (charged up front, not refundable); returns the CapacityReservation.
+def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> list[dict[str, Any]]:
+    """Buy the offering (charged up front, not refundable); returns its CapacityReservations:
+    one, or one per segment of a segmented offering.
 
     Raises:
         TrnctlError: the offering id is malformed (USAGE).
@@ -147,5 +155,7 @@ def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> dict[str, 
     response = ec2.purchase_capacity_block(
         CapacityBlockOfferingId=offering_id, InstancePlatform=platform
     )
-    reservation: dict[str, Any] = response["CapacityReservation"]
-    return reservation
+    reservations: list[dict[str, Any]] = response.get("CapacityReservations") or [
+        response["CapacityReservation"]
+    ]
+    return reservations

@@ -193,7 +193,7 @@ def capacity_find(
             o.availability_zone,
             f"{o.start:%Y-%m-%d %H:%M}",
             f"{o.end:%Y-%m-%d %H:%M}",
-            str(o.hours),
+            f"{o.hours}:{o.minutes:02d}" if o.minutes else str(o.hours),
             f"{o.upfront_fee:,.2f} {o.currency}",
             f"{o.per_instance_hour:,.2f} {o.currency}",
         )
@@ -229,21 +229,22 @@ def capacity_buy(
             soft_wrap=True,
         )
         return
-    reservation = capacity.purchase(ec2, offering_id, platform)
-    flags = capacity.deploy_flags(
-        availability_zone=reservation["AvailabilityZone"],
-        instance_type=reservation["InstanceType"],
-        count=int(reservation["TotalInstanceCount"]),
-        reservation_id=reservation["CapacityReservationId"],
-    )
-    console.print(
-        f"bought {offering_id}: reservation {reservation['CapacityReservationId']}, "
-        f"{reservation['TotalInstanceCount']} x {reservation['InstanceType']} in "
-        f"{reservation['AvailabilityZone']}, {reservation.get('StartDate')} to "
-        f"{reservation.get('EndDate')} (EKS drains the nodes 40 minutes before the end)",
-        soft_wrap=True,
-    )
-    console.print(f"deploy with: {flags}", soft_wrap=True)
+    # A segmented offering yields one reservation per segment; a node group uses one of them.
+    for reservation in capacity.purchase(ec2, offering_id, platform):
+        flags = capacity.deploy_flags(
+            availability_zone=reservation["AvailabilityZone"],
+            instance_type=reservation["InstanceType"],
+            count=int(reservation["TotalInstanceCount"]),
+            reservation_id=reservation["CapacityReservationId"],
+        )
+        console.print(
+            f"bought {offering_id}: reservation {reservation['CapacityReservationId']}, "
+            f"{reservation['TotalInstanceCount']} x {reservation['InstanceType']} in "
+            f"{reservation['AvailabilityZone']}, {reservation.get('StartDate')} to "
+            f"{reservation.get('EndDate')} (EKS drains the nodes 40 minutes before the end)",
+            soft_wrap=True,
+        )
+        console.print(f"deploy with: {flags}", soft_wrap=True)
 
 
 data_app = typer.Typer(help="Stage training data in S3.", no_args_is_help=True)

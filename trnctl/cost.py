@@ -63,12 +63,16 @@ def from_table(instance_type: str, region: str, nodes: int, hours: float) -> lis
     return lines
 
 
+# Capacity Block products share the instance type and region; marketoption and operation keep
+# the On-Demand Linux rate alone (Karpenter's pricing query filters the same way).
 PRICING_FILTERS = (
     ("operatingSystem", "Linux"),
     ("tenancy", "Shared"),
     ("preInstalledSw", "NA"),
     ("capacitystatus", "Used"),
     ("licenseModel", "No License required"),
+    ("marketoption", "OnDemand"),
+    ("operation", "RunInstances"),
 )
 
 

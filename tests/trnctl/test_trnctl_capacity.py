@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -213,6 +214,42 @@ def test_buy_with_yes_purchases_and_prints_the_exact_deploy_flags(
         "-c capacity_reservation_id=cr-0123456789abcdef0\n"
     ) in run.stdout
     ec2.assert_no_pending_responses()
+
+
+def test_a_segmented_block_prints_every_reservation(trnctl: Any, clients: Any, stub: Any) -> None:
+    def reservation(rid: str, zone: str) -> dict[str, Any]:
+        return {
+            "CapacityReservationId": rid,
+            "InstanceType": "trn2.48xlarge",
+            "AvailabilityZone": zone,
+            "TotalInstanceCount": 1,
+            "State": "scheduled",
+            "ReservationType": "capacity-block",
+            "StartDate": START,
+        }
+
+    ec2 = stub(clients("ec2"))
+    first = reservation("cr-0123456789abcdef0", "us-east-2b")
+    ec2.add_response(
+        "purchase_capacity_block",
+        {
+            "CapacityReservation": first,
+            "CapacityReservations": [first, reservation("cr-0fedcba9876543210", "us-east-2b")],
+        },
+        {"CapacityBlockOfferingId": "cb-0bbbbbbbbbbbbbbbb", "InstancePlatform": "Linux/UNIX"},
+    )
+    run = trnctl("capacity", "buy", "cb-0bbbbbbbbbbbbbbbb", "--yes")
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout.count("deploy with: ") == 2
+    assert "capacity_reservation_id=cr-0fedcba9876543210" in run.stdout
+
+
+def test_price_per_instance_hour_counts_the_minutes() -> None:
+    item = offering("cb-0aaaaaaaaaaaaaaaa", "2475.00", count=1)
+    item.update({"CapacityBlockDurationHours": 24, "CapacityBlockDurationMinutes": 45})
+    block = capacity.Offering.from_api(item)
+    # 2475 / 24.75 h = 100 per instance-hour, not 2475 / 24 = 103.125
+    assert block.per_instance_hour == Decimal("100")
 
 
 def test_buy_refuses_a_malformed_offering_id(trnctl: Any) -> None:

@@ -114,6 +114,9 @@ EXPECTED_FILTERS = {
         {"Type": "TERM_MATCH", "Field": "preInstalledSw", "Value": "NA"},
         {"Type": "TERM_MATCH", "Field": "capacitystatus", "Value": "Used"},
         {"Type": "TERM_MATCH", "Field": "licenseModel", "Value": "No License required"},
+        # Capacity Block products would otherwise add their rates to the same query.
+        {"Type": "TERM_MATCH", "Field": "marketoption", "Value": "OnDemand"},
+        {"Type": "TERM_MATCH", "Field": "operation", "Value": "RunInstances"},
     ],
 }
 
