@@ -13,6 +13,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from constructs_lib._common import acknowledge_wildcards
+from trn_catalog import neuron_stacks
 
 COPY_MEMORY_MIB = 3008
 
@@ -49,7 +50,7 @@ class TrainingImage(Construct):
     repository, tagged with its content hash: ``image_uri`` is that copy.
 
     Attributes:
-        repository, asset, copy, image_uri.
+        repository, asset, copy, image_uri, neuron_stack.
 
     Raises:
         ValueError: ``neuron_stack`` not native or xla, or ``keep_images`` below 1.
@@ -57,10 +58,11 @@ class TrainingImage(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, props: TrainingImageProps) -> None:
         super().__init__(scope, construct_id)
-        if props.neuron_stack not in ("native", "xla"):
+        if props.neuron_stack not in neuron_stacks.NEURON_STACKS:
             raise ValueError(
                 f"neuron_stack {props.neuron_stack!r} is not allowed; use native or xla"
             )
+        self.neuron_stack = props.neuron_stack
         if props.keep_images < 1:
             raise ValueError(f"keep_images {props.keep_images} is not allowed; use >= 1")
         key = kms.Key(

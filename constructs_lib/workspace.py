@@ -14,7 +14,7 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib.cluster import MOUNTPOINT_ADDON, NEURON_TOLERATION, install_addon
-from trn_catalog import versions
+from trn_catalog import neuron_stacks, versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
@@ -28,6 +28,13 @@ from trn_catalog.workspace import (
 EFA_HUGEPAGES = "5120Mi"
 # Seconds between SIGTERM and SIGKILL: time for the trainer to write its last checkpoint.
 GRACE_SECONDS = 300
+# The part of the grace period torchrun gives its workers (TRN_SHUTDOWN_TIMEOUT_S) leaves this
+# much for torchrun and the entrypoint to exit before the kubelet's SIGKILL.
+SHUTDOWN_MARGIN_SECONDS = 30
+# TorchNeuron's NEFF cache reads a file-system path only (TORCH_NEURONX_NEFF_CACHE_DIR, no
+# s3://), so the native stack shares its compiled graphs on FSx; the XLA stack's
+# NEURON_COMPILE_CACHE_URL keeps the S3 cache.
+NEFF_CACHE_DIR = f"{FSX_MOUNT}/neuron-cache/neff"
 FSX_CLAIM = "fsx"
 DATASETS_CLAIM = "datasets-s3"
 
@@ -46,11 +53,16 @@ class TrainingWorkspaceProps:
             ``TrainingDataPaths.mountpoint_role``.
         image_uri: the training image the runtime runs (required).
         instance_type: the trn type the runtime targets, from the instance catalog (required).
-        compile_cache_url: ``s3://`` or path base of the Neuron compile cache (required).
+        compile_cache_url: ``s3://`` or path base of the XLA stack's compile cache
+            (``NEURON_COMPILE_CACHE_URL``, required). The native stack caches on FSx instead.
         nodes: default node count of a job. Default 1.
         fsx_storage_gib: the file system's size, stated on its PersistentVolume. Default 1200.
         namespace: default ``training``.
         service_account: the jobs' service account. Default ``trainer``.
+        neuron_stack: the image's Neuron stack (``TrainingImageProps.neuron_stack``), ``native``
+            or ``xla``, checked against ``instance_type`` when given: native (TorchNeuron) does
+            not run on trn1. Default None: not checked here; the image's entrypoint refuses the
+            mismatch when a job starts.
     """
 
     cluster: eks.ICluster
@@ -65,6 +77,7 @@ class TrainingWorkspaceProps:
     fsx_storage_gib: int = 1200
     namespace: str = "training"
     service_account: str = "trainer"
+    neuron_stack: str | None = None
 
 
 class TrainingWorkspace(Construct):
@@ -80,7 +93,10 @@ class TrainingWorkspace(Construct):
     reference: one pod per trn node asking for all of its Neuron devices and EFA interfaces (from
     the instance catalog) and the EFA huge pages, tolerating the Neuron taint, with FSx at
     ``/fsx``, the datasets bucket at ``/datasets``, the compile cache and a torchrun rank per
-    logical NeuronCore.
+    logical NeuronCore. The container's environment carries the compile cache of each stack
+    (``NEURON_COMPILE_CACHE_URL`` for xla, ``TORCH_NEURONX_NEFF_CACHE_DIR`` on FSx for native)
+    and ``TRN_SHUTDOWN_TIMEOUT_S``, the pod's grace period less a margin, which the entrypoint
+    hands torchrun as the time its workers get to write a last checkpoint after SIGTERM.
 
     Attributes:
         manifest (the KubernetesManifest), mountpoint_addon, fsx_claim, datasets_claim,
@@ -88,7 +104,8 @@ class TrainingWorkspace(Construct):
 
     Raises:
         ValueError: a namespace or service account name that is not a DNS label, an instance
-            type outside the catalog, or nodes below 1.
+            type outside the catalog, nodes below 1, or a ``neuron_stack`` that is unknown or
+            cannot run on the instance type (native on trn1).
     """
 
     def __init__(
@@ -105,6 +122,7 @@ class TrainingWorkspace(Construct):
             self.spec = trn_catalog.get(props.instance_type)
         except trn_catalog.UnknownInstanceTypeError as error:
             raise ValueError(f"instance_type: {error}") from None
+        _check_stack(props.neuron_stack, props.instance_type)
         self.props = props
         self.runtime_name = RUNTIME_NAME
         self.fsx_claim = FSX_CLAIM
@@ -266,6 +284,11 @@ class TrainingWorkspace(Construct):
                     "env": [
                         {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
                         {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
+                        {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": NEFF_CACHE_DIR},
+                        {
+                            "name": "TRN_SHUTDOWN_TIMEOUT_S",
+                            "value": str(GRACE_SECONDS - SHUTDOWN_MARGIN_SECONDS),
+                        },
                     ],
                     "resources": {"limits": resources, "requests": resources},
                     "volumeMounts": [
@@ -284,6 +307,14 @@ class TrainingWorkspace(Construct):
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
             ],
         }
+
+
+def _check_stack(stack: str | None, instance_type: str) -> None:
+    if stack is None:
+        return
+    problem = neuron_stacks.stack_problem(stack, instance_type)
+    if problem:
+        raise ValueError(f"neuron_stack: {problem}")
 
 
 def _claim(name: str, namespace: str, volume: str, mode: str, size: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from constructs import Construct
 from constructs_lib import TrainingImage, TrainingImageProps
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
+from trn_catalog import neuron_stacks
 
 # The image builds from the repository root; its .dockerignore lets in the trainer and catalog.
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +29,8 @@ class ImageStack(Stack):
             "TrainingImage",
             props=TrainingImageProps(
                 directory=str(REPOSITORY_ROOT),
+                # TorchNeuron where it runs (trn2, trn3); the PyTorch/XLA stack on trn1.
+                neuron_stack=neuron_stacks.default_stack(config.trn.instance_type),
                 removal_policy=removal_policy(config),
             ),
         )

@@ -54,6 +54,7 @@ class WorkloadsStack(Stack):
                 compile_cache_url=data.compile_cache_url,
                 nodes=max(config.trn.nodes, 1),
                 fsx_storage_gib=config.fsx.storage_gib,
+                neuron_stack=image.neuron_stack,
             ),
         )
         # Charts install the device plugins and the job engine the workspace's jobs rely on.

@@ -4,7 +4,15 @@ import sys
 import pytest
 
 import trn_catalog
-from trn_catalog import CATALOG, FACT_FIELDS, SOURCES, UnknownInstanceTypeError, fsx, versions
+from trn_catalog import (
+    CATALOG,
+    FACT_FIELDS,
+    SOURCES,
+    UnknownInstanceTypeError,
+    fsx,
+    neuron_stacks,
+    versions,
+)
 
 REQUIRED_TYPES = (
     "trn1.32xlarge",
@@ -111,3 +119,13 @@ def test_fsx_efa_rules() -> None:
     assert [t for t in CATALOG if not fsx.efa_client_allowed(t)] == [
         t for t in CATALOG if t.startswith("trn2")
     ]
+
+
+def test_neuron_stack_per_generation() -> None:
+    assert neuron_stacks.default_stack("trn3.48xlarge") == "native"
+    assert neuron_stacks.default_stack("trn1.32xlarge") == "xla"
+    assert neuron_stacks.stack_problem("xla", "trn1.32xlarge") is None
+    assert neuron_stacks.stack_problem("native", "trn2.48xlarge") is None
+    problem = neuron_stacks.stack_problem("native", "trn1n.32xlarge")
+    assert problem is not None and "Trainium1" in problem and "NEURON_STACK=xla" in problem
+    assert "unknown" in (neuron_stacks.stack_problem("jax", "trn2.48xlarge") or "")

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
-from constructs_lib import NeuronCluster, NeuronClusterProps
+from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingWorkspace
 from tests.conftest import Synth
 from trn_catalog import crds, versions
 from trn_catalog import workspace as shared
@@ -351,12 +352,91 @@ def test_runtime_asks_for_every_device_and_efa_of_the_node(
     assert {"/fsx", "/datasets", "/dev/shm"} <= mounts
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NEURON_COMPILE_CACHE_URL"].endswith("/neuron-compile-cache")
+    # TorchNeuron's NEFF cache takes a path, not s3://: it shares compiled graphs on FSx.
+    assert env["TORCH_NEURONX_NEFF_CACHE_DIR"].startswith(shared.FSX_MOUNT + "/")
     runtime = synth.platform.workloads.workspace.training_runtime()
     # trnctl finds the runtime and its container by these shared names.
     assert runtime["metadata"]["name"] == shared.RUNTIME_NAME
     assert container["name"] == shared.TRAINER_CONTAINER
     spec = trn_catalog.get(env["TRN_INSTANCE_TYPE"])
     assert runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == spec.logical_neuron_cores
+
+
+def test_torchrun_gets_the_grace_period_less_a_margin(dev: Synth) -> None:
+    pod = runtime_pod(dev)
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= 300  # room for a checkpoint of the largest preset
+    assert 0 < int(env["TRN_SHUTDOWN_TIMEOUT_S"]) <= grace - 30
+
+
+@pytest.mark.parametrize("stack", ["native", "xla"])
+def test_the_entrypoint_reads_the_runtime_environment(dev: Synth, stack: str) -> None:
+    """The runtime's variables are the ones the image's entrypoint acts on, for both stacks."""
+    from trainer import launch
+
+    pod = runtime_pod(dev)
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]} | {"NEURON_STACK": stack}
+    job = launch.job_environment(env, compiler="2.27.5334.0", kernel_release="6.1")
+    if stack == "native":
+        assert job["TORCH_NEURONX_NEFF_CACHE_DIR"].startswith(
+            f"{shared.FSX_MOUNT}/neuron-cache/neff/neuronx-cc-2.27.5334.0/"
+        )
+    else:
+        assert job["NEURON_COMPILE_CACHE_URL"] != env["NEURON_COMPILE_CACHE_URL"]  # keyed
+        assert job["NEURON_COMPILE_CACHE_URL"].startswith(env["NEURON_COMPILE_CACHE_URL"])
+    argv = launch.torchrun_argv(job, [], shutdown_flag=True)
+    timeout = pod["terminationGracePeriodSeconds"] - 30
+    assert f"--shutdown-timeout={timeout}" in argv
+    assert launch.stack_problem(job) is None  # trn3 runs either stack
+
+
+def test_platform_builds_the_stack_each_generation_runs(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    for variant, stack in (("dev", "native"), ("odcr", "xla")):  # trn3, trn1
+        synth = synth_variant(variant)
+        assets = json.loads(
+            (synth.outdir / f"{synth.platform.image.stack_name}.assets.json").read_text()
+        )
+        (image,) = assets["dockerImages"].values()
+        assert image["source"]["dockerBuildArgs"] == {"NEURON_STACK": stack}
+        assert synth.platform.workloads.workspace.props.neuron_stack == stack
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"neuron_stack": "native", "instance_type": "trn1.32xlarge"},
+            r"neuron_stack: instance type trn1\.32xlarge is Trainium1, which the native stack "
+            r"does not support; use the xla stack",
+        ),
+        (
+            {"neuron_stack": "tpu"},
+            r"neuron_stack: neuron stack 'tpu' is unknown; use native or xla",
+        ),
+    ],
+)
+def test_workspace_refuses_a_stack_that_cannot_run(
+    dev: Synth, overrides: dict[str, Any], message: str
+) -> None:
+    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
+    with pytest.raises(ValueError, match=message):
+        TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"neuron_stack": "xla", "instance_type": "trn1.32xlarge"},
+        {"neuron_stack": "native", "instance_type": "trn2.48xlarge"},
+        {"neuron_stack": None, "instance_type": "trn1.32xlarge"},  # not stated: not checked
+    ],
+)
+def test_workspace_accepts_a_stack_that_runs(dev: Synth, overrides: dict[str, Any]) -> None:
+    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
+    TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)
 
 
 def test_job_engine_schema_refuses_bad_jobs() -> None:

@@ -80,3 +80,19 @@ def test_pins_are_build_arguments() -> None:
     ):
         assert pin in text
     assert "ARG NEURON_STACK=native" in text and "FROM stack-${NEURON_STACK}" in text
+
+
+def _run_instructions(text: str) -> list[str]:
+    """The Dockerfile's RUN instructions, continuation lines joined, comments dropped."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    return [line for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def test_efa_installer_finds_fresh_package_lists() -> None:
+    """The installer runs apt-get itself; an earlier layer deleted /var/lib/apt/lists."""
+    runs = _run_instructions(DOCKERFILE.read_text())
+    (efa,) = [run for run in runs if "efa_installer.sh" in run]
+    assert "apt-get update" in efa
+    assert efa.index("apt-get update") < efa.index("efa_installer.sh")
+    assert efa.rstrip().endswith("rm -rf /tmp/efa /var/lib/apt/lists/*")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import metrics
+from trainer import device, metrics, parallel
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -49,6 +49,29 @@ def test_loss_falls(corpus_dir: Path, tmp_path: Path) -> None:
     assert result.last_loss == records[-1]["loss"] and not result.preempted
     for key in ("loss", "lr", "tokens_per_s", "mfu", "step_time_s", "grad_norm"):
         assert records[-1][key] > 0
+
+
+def test_process_group_comes_before_the_device(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchNeuron's order: the instance is checked, the group initialised, then the device
+    bound (for every backend, so that no backend's order is special)."""
+    calls: list[str] = []
+    check, start = device.Backend.check_instance, device.Backend.start
+
+    def checked(cls: type[device.Backend], instance_type: str) -> None:
+        calls.append("check instance")
+        check(instance_type)
+
+    def started(self: device.Backend) -> device.Backend:
+        calls.append("bind device")
+        return start(self)
+
+    monkeypatch.setattr(device.Backend, "check_instance", classmethod(checked))
+    monkeypatch.setattr(device.Backend, "start", started)
+    monkeypatch.setattr(parallel, "init", lambda ranks, backend: calls.append(f"init {backend}"))
+    train(TrainConfig(preset="tiny", device="cpu", data=str(corpus_dir), max_steps=1))
+    assert calls == ["check instance", "init gloo", "bind device"]
 
 
 def _wait_for_step(metrics_file: Path, proc: subprocess.Popen[str], step: int) -> None:

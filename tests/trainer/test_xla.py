@@ -41,3 +41,10 @@ def test_tiny_trains_on_xla_without_recompiling(
         metrics.read(tmp_path / "m2.jsonl")[-1]["loss"]
         < metrics.read(tmp_path / "m2.jsonl")[0]["loss"]
     )
+
+
+def test_auto_picks_xla_in_the_xla_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_STACK", "xla")
+    from trainer import device
+
+    assert device.select("auto") is device.XlaBackend

@@ -102,6 +102,20 @@ def test_absolute_data_paths_are_kept() -> None:
     assert argv[argv.index("--data") + 1] == "/fsx/data"
 
 
+@pytest.mark.parametrize(("stack", "device"), [("native", "neuron"), ("xla", "xla")])
+def test_the_image_stack_picks_the_device_of_a_submitted_job(stack: str, device: str) -> None:
+    """A TrainJob leaves --device to the image's entrypoint, which names its stack's device, so
+    an XLA image trains on XLA rather than on CPU."""
+    from trainer import launch
+    from trainer.cli import _parser
+
+    args = jobs.TrainingArgs("125m", "tales", max_steps=10).argv("j")
+    assert "--device" not in args
+    argv = launch.torchrun_argv({"NEURON_STACK": stack, "NPROC_PER_NODE": "2"}, args)
+    parsed = _parser().parse_args(["run", *argv[argv.index("run") + 1 :]])
+    assert (parsed.device, parsed.preset, parsed.max_steps) == (device, "125m", 10)
+
+
 def test_schema_errors_name_the_path() -> None:
     job = jobs.render(name="train-x", outputs=OUTPUTS, nodes=1, args=[])
     job["spec"]["trainer"]["numNodes"] = 0

@@ -107,8 +107,9 @@ def preset(name: str) -> Preset:
 class TrainConfig:
     """Everything one training run needs; the CLI fills it from flags.
 
-    Defaults: ``device="auto"`` (neuron, then cuda, then cpu), ``compile="auto"`` (the backend's
-    own choice), micro batch, learning rate and parallelism from the preset when left at 0/None,
+    Defaults: ``device="auto"`` (xla on Neuron, else neuron, cuda, cpu: see
+    :func:`trainer.device.select`), ``compile="auto"`` (the backend's own choice), micro batch,
+    learning rate and parallelism from the preset when left at 0/None,
     warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
     (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints.
     """

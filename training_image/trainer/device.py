@@ -3,6 +3,9 @@
 The loop talks to a backend through a few methods (prepare the model, compile, autocast, wrap the
 loader, reduce gradients, mark a step boundary, synchronize, peak FLOPs) and never asks which
 device it runs on. ``torch_neuronx`` and ``torch_xla`` are imported only by their backends.
+
+A backend is made in two steps: :func:`resolve` imports what its process group needs, and
+:meth:`Backend.start` binds this rank's device once the process group exists.
 """
 
 from __future__ import annotations
@@ -10,15 +13,21 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import time
 from collections.abc import Callable, Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from trainer import stacks
+
 Batch = tuple[torch.Tensor, torch.Tensor]
+# Where the Neuron device plugin puts a node's devices (/dev/neuron0, ...) in the container.
+DEV_DIR = Path("/dev")
 
 
 class Backend:
@@ -28,6 +37,7 @@ class Backend:
     dist_backend: ClassVar[str] = "gloo"
     default_compile: ClassVar[str | None] = None
     autocast_dtype: ClassVar[torch.dtype | None] = None
+    device: torch.device  # set by start()
 
     def __init__(self, *, compile_backend: str = "auto", local_rank: int = 0) -> None:
         self.local_rank = local_rank
@@ -36,11 +46,28 @@ class Backend:
             if compile_backend == "auto"
             else (None if compile_backend == "none" else compile_backend)
         )
-        self.device = self._device()
 
     @classmethod
     def available(cls) -> bool:
+        """Usable when named (``--device NAME``)."""
         return True
+
+    @classmethod
+    def detected(cls) -> bool:
+        """Picked by ``auto``; stricter than :meth:`available` where a backend can run somewhere
+        it should not be chosen by default."""
+        return cls.available()
+
+    def start(self) -> Backend:
+        """Binds this rank's device. Call after the process group is initialised, the order of
+        TorchNeuron's distributed guide (group first, then the device); it is safe for CUDA too,
+        since NCCL binds a device only at the first collective, which comes later."""
+        self.device = self._device()
+        return self
+
+    @classmethod
+    def check_instance(cls, instance_type: str) -> None:
+        """Raises ValueError when this backend cannot run on ``instance_type``."""
 
     def _device(self) -> torch.device:
         return torch.device("cpu")
@@ -144,6 +171,11 @@ class NeuronBackend(Backend):
         accelerator = torch.accelerator.current_accelerator()
         return accelerator is not None and accelerator.type == "neuron"
 
+    @classmethod
+    def check_instance(cls, instance_type: str) -> None:
+        """TorchNeuron runs on Trn2 and Trn3 only; Trn1 needs the XLA stack."""
+        stacks.check_instance(stacks.STACKS["native"], instance_type)
+
     def _device(self) -> torch.device:
         torch.accelerator.set_device_index(self.local_rank)
         return torch.device("neuron", self.local_rank)
@@ -168,9 +200,15 @@ def neuron_peak_flops(instance_type: str, local_world_size: int) -> float:
 
 
 class XlaBackend(Backend):
-    """Legacy PyTorch/XLA (torch-neuronx <= 2.9, Neuron SDK <= 2.29 for training; also CPU with
-    ``PJRT_DEVICE=CPU``). Lazy tensors: the step is cut with ``mark_step``, the loader moves
-    batches in the background, and gradients are all-reduced before clipping."""
+    """Legacy PyTorch/XLA (torch-neuronx <= 2.9, Neuron SDK <= 2.29 for training; the stack for
+    Trn1; also CPU with ``PJRT_DEVICE=CPU``). Lazy tensors: the step is cut with ``mark_step``,
+    the loader moves batches in the background, and gradients are all-reduced before clipping.
+
+    Precision: the model stays FP32 and no autocast runs here; neuronx-cc casts FP32 matmuls to
+    BF16 by default (Neuron's mixed-precision guide), which is why the image's launcher leaves
+    ``--auto-cast=none`` out of ``NEURON_CC_FLAGS`` for this stack, and why MFU is measured
+    against the BF16 peak (a job that sets ``--auto-cast=none`` itself runs FP32 matmuls and
+    reads a lower MFU against it, never a higher one)."""
 
     name = "xla"
     dist_backend = "xla"
@@ -184,7 +222,17 @@ class XlaBackend(Backend):
 
     @classmethod
     def available(cls) -> bool:
-        return importlib.util.find_spec("torch_xla") is not None
+        return _installed("torch_xla")
+
+    @classmethod
+    def detected(cls) -> bool:
+        """torch_xla alone also runs on CPU, so ``auto`` takes it only for Neuron: when the image
+        says its stack is xla, or when the node shows Neuron devices and the image does not say
+        it is native."""
+        stack = os.environ.get("NEURON_STACK", "")
+        if stack == "native" or not cls.available():
+            return False
+        return stack == "xla" or any(DEV_DIR.glob("neuron[0-9]*"))
 
     def _device(self) -> torch.device:
         device: torch.device = self.xm.xla_device()
@@ -234,27 +282,42 @@ class _Reiterable:
         return 1 << 62
 
 
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 BACKENDS: dict[str, type[Backend]] = {
     "neuron": NeuronBackend,
     "cuda": CudaBackend,
     "cpu": Backend,
     "xla": XlaBackend,
 }
-AUTO_ORDER = ("neuron", "cuda", "cpu")
+# xla first: in the XLA image torch_neuronx is the XLA-era package, and importing it to test for
+# the native backend is needless there; XlaBackend.detected() is false everywhere else.
+AUTO_ORDER = ("xla", "neuron", "cuda", "cpu")
 
 
-def resolve(name: str = "auto", *, compile_backend: str = "auto", local_rank: int = 0) -> Backend:
-    """The backend called ``name``; ``auto`` (the default) picks the first available of neuron,
-    cuda and cpu (xla, being legacy, only when named).
+def select(name: str = "auto") -> type[Backend]:
+    """The backend class called ``name``; ``auto`` (the default) picks the first of
+    :data:`AUTO_ORDER` that is detected here.
 
     Raises:
         ValueError: unknown name, or the named backend is not available here.
     """
     if name == "auto":
-        name = next(n for n in AUTO_ORDER if BACKENDS[n].available())
+        return next(BACKENDS[n] for n in AUTO_ORDER if BACKENDS[n].detected())
     if name not in BACKENDS:
         raise ValueError(f"device {name!r} is unknown; known: auto, {', '.join(BACKENDS)}")
-    cls = BACKENDS[name]
-    if not cls.available():
+    if not BACKENDS[name].available():
         raise ValueError(f"device {name!r} is not available on this machine")
-    return cls(compile_backend=compile_backend, local_rank=local_rank)
+    return BACKENDS[name]
+
+
+def resolve(name: str = "auto", *, compile_backend: str = "auto", local_rank: int = 0) -> Backend:
+    """The backend of :func:`select`, its modules imported and its device not yet bound (see
+    :meth:`Backend.start`).
+
+    Raises:
+        ValueError: unknown name, or the named backend is not available here.
+    """
+    return select(name)(compile_backend=compile_backend, local_rank=local_rank)

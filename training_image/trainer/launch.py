@@ -1,14 +1,16 @@
 """The container entrypoint's logic: the job environment and the torchrun command lines.
 
-Pure functions of the incoming environment, so that they are tested without a container. The
-facts behind each variable are in the platform notes (Neuron SDK docs: runtime and compiler
-environment variables, EFA setup for multi-node training).
+Mostly pure functions of the incoming environment, so that they are tested without a
+container. The facts behind each variable are in the platform notes (Neuron SDK docs: runtime and
+compiler environment variables, EFA setup for multi-node training) and in :mod:`trainer.stacks`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shlex
@@ -16,12 +18,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
-DEFAULT_CACHE = "/var/tmp/neuron-compile-cache"  # neuronx-cc's own default
-# --auto-cast=none: the trainer casts with torch.autocast, so the compiler must not cast again.
-DEFAULT_CC_FLAGS = "--model-type transformer --auto-cast=none"
+from trainer import stacks
+
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
+# torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30
+# Exit status after a SIGTERM (the shell's 128 + 15): the run was interrupted, not finished.
+PREEMPTED_EXIT = 128 + signal.SIGTERM
 
 
 def compiler_version() -> str:
@@ -57,12 +63,18 @@ def job_environment(
     Sets (keeping any value the job already set): ``FI_PROVIDER=efa`` and
     ``FI_EFA_USE_DEVICE_RDMA=1`` so collectives use EFA with device RDMA rather than silently
     falling back to TCP; ``FI_EFA_FORK_SAFE=1`` only on kernels older than 5.15;
-    ``NEURON_CC_FLAGS`` (default :data:`DEFAULT_CC_FLAGS`); ``MALLOC_ARENA_MAX=64``; and, with
-    several nodes, ``NEURON_RT_ROOT_COMM_ID=<MASTER_ADDR>:<MASTER_PORT + 1>``. Always rewrites
-    ``NEURON_COMPILE_CACHE_URL`` (default base :data:`DEFAULT_CACHE`, or an ``s3://`` URI) to the
-    key of :func:`compile_cache_url`.
+    ``NEURON_CC_FLAGS`` (default: the stack's, see :mod:`trainer.stacks`);
+    ``MALLOC_ARENA_MAX=64``; and, with several nodes,
+    ``NEURON_RT_ROOT_COMM_ID=<MASTER_ADDR>:<MASTER_PORT + 1>``. Always rewrites the compile cache
+    variable of the image's stack (``TORCH_NEURONX_NEFF_CACHE_DIR`` for native,
+    ``NEURON_COMPILE_CACHE_URL`` for xla; base: the job's value or the stack's default) to the
+    key of :func:`compile_cache_url`, keeping the base in the stack's base variable.
+
+    Raises:
+        ValueError: an unknown ``NEURON_STACK``.
     """
     env = dict(environ)
+    stack = stacks.of(env)
     # Kubeflow Trainer's torch runtime announces the rendezvous as PET_* (torchrun's own
     # environment prefix); take those where the plain names are not set.
     for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
@@ -72,19 +84,38 @@ def job_environment(
     env.setdefault("FI_EFA_USE_DEVICE_RDMA", "1")
     if _kernel_older_than(kernel_release or platform.release(), 5, 15):
         env.setdefault("FI_EFA_FORK_SAFE", "1")
-    env.setdefault("NEURON_CC_FLAGS", DEFAULT_CC_FLAGS)
+    env.setdefault("NEURON_CC_FLAGS", stack.cc_flags)
     env.setdefault("MALLOC_ARENA_MAX", "64")
     if int(env.get("NNODES", "1")) > 1:
         port = int(env.get("MASTER_PORT", "29500")) + 1
         env.setdefault("NEURON_RT_ROOT_COMM_ID", f"{env['MASTER_ADDR']}:{port}")
     base = (
-        env.get("NEURON_COMPILE_CACHE_BASE") or env.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_CACHE
+        env.get(stack.cache_base_variable) or env.get(stack.cache_variable) or stack.default_cache
     )
-    env["NEURON_COMPILE_CACHE_BASE"] = base
-    env["NEURON_COMPILE_CACHE_URL"] = compile_cache_url(
+    env[stack.cache_base_variable] = base
+    env[stack.cache_variable] = compile_cache_url(
         base, compiler=compiler, cc_flags=env["NEURON_CC_FLAGS"]
     )
     return env
+
+
+def stack_problem(env: Mapping[str, str]) -> str | None:
+    """Why the image's stack cannot train on ``TRN_INSTANCE_TYPE``, or None: an unknown
+    ``NEURON_STACK``, or TorchNeuron (native) on Trainium1, which only the xla stack supports."""
+    try:
+        stack = stacks.of(env)
+        stacks.check_instance(stack, env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge"))
+    except (ValueError, KeyError) as error:  # KeyError: trn_catalog.UnknownInstanceTypeError
+        return str(error)
+    return None
+
+
+def prepare_cache(env: Mapping[str, str]) -> None:
+    """Creates the native stack's NEFF cache directory (on FSx in a job) if it is missing; the
+    XLA stack's cache may be an ``s3://`` URI and its compiler creates its own."""
+    stack = stacks.of(env)
+    if stack.name == "native":
+        Path(env[stack.cache_variable]).mkdir(parents=True, exist_ok=True)
 
 
 def ranks_per_node(env: Mapping[str, str]) -> int:
@@ -100,9 +131,18 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
     return spec.neuron_cores // lnc
 
 
-def torchrun_argv(env: Mapping[str, str], train_args: Sequence[str]) -> list[str]:
+def torchrun_argv(
+    env: Mapping[str, str], train_args: Sequence[str], *, shutdown_flag: bool = False
+) -> list[str]:
     """``torchrun`` for this node: standalone for one node, else a static rendezvous at
-    ``MASTER_ADDR:MASTER_PORT`` with ``NNODES`` nodes and this node's ``NODE_RANK``."""
+    ``MASTER_ADDR:MASTER_PORT`` with ``NNODES`` nodes and this node's ``NODE_RANK``.
+
+    With ``shutdown_flag`` (only where torchrun has it: :func:`torchrun_takes_shutdown_timeout`),
+    ``--shutdown-timeout`` gives workers that torchrun stops itself ``TRN_SHUTDOWN_TIMEOUT_S``
+    (set by the workspace from the pod's grace period, less a margin) between SIGTERM and
+    SIGKILL instead of 30 s. Where the image names its stack, the trainer gets that stack's
+    ``--device``, so that a missing Neuron device is an error rather than a run on CPU;
+    ``train_args`` come last and win."""
     nnodes = int(env.get("NNODES", "1"))
     argv = ["torchrun", f"--nproc-per-node={ranks_per_node(env)}"]
     if nnodes == 1:
@@ -114,8 +154,25 @@ def torchrun_argv(env: Mapping[str, str], train_args: Sequence[str]) -> list[str
             f"--master-addr={env['MASTER_ADDR']}",
             f"--master-port={env.get('MASTER_PORT', '29500')}",
         ]
+    if shutdown_flag:
+        timeout = int(env.get("TRN_SHUTDOWN_TIMEOUT_S", DEFAULT_SHUTDOWN_TIMEOUT_S))
+        argv.append(f"--shutdown-timeout={timeout}")
     instance = env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge")
-    return [*argv, "-m", "trainer", "run", "--instance-type", instance, *train_args]
+    run = ["-m", "trainer", "run", "--instance-type", instance]
+    if "NEURON_STACK" in env:
+        run += ["--device", stacks.of(env).device]
+    return [*argv, *run, *train_args]
+
+
+def torchrun_takes_shutdown_timeout() -> bool:
+    """Whether the installed torchrun has ``--shutdown-timeout`` (PyTorch PR 172596, 2026; the
+    XLA image's torch 2.9 lacks it and would refuse the flag). Read from torchrun's source, so
+    that the entrypoint, which lives as long as the job, never imports torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    run = Path(next(iter(spec.submodule_search_locations))) / "distributed" / "run.py"
+    return run.is_file() and "--shutdown-timeout" in run.read_text(encoding="utf-8")
 
 
 def precompile_argv(env: Mapping[str, str], train_args: Sequence[str]) -> list[str]:
@@ -136,36 +193,73 @@ def precompile_argv(env: Mapping[str, str], train_args: Sequence[str]) -> list[s
     return ["neuron_parallel_compile", *argv] if env.get("NEURON_STACK") == "xla" else argv
 
 
+def worker_pids(parent: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes whose parent is ``parent`` (torchrun's workers), from ``/proc``."""
+    pids = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # The command name may hold spaces and parentheses: the fields follow the last ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone since the listing
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def exit_status(code: int, *, terminated: bool) -> int:
+    """The entrypoint's exit status: torchrun's when non-zero (a child killed by a signal reads
+    as the shell's 128 + signal); else :data:`PREEMPTED_EXIT` after a SIGTERM, else 0. A SIGTERM
+    means a preemption, a drain or the end of a Capacity Block: even when every worker wrote its
+    checkpoint and exited 0 the run is unfinished, so the pod fails and the job is retried or
+    reported as interrupted, never marked Succeeded; a resubmitted job resumes from that
+    checkpoint."""
+    if code < 0:
+        code = 128 - code
+    return code or (PREEMPTED_EXIT if terminated else 0)
+
+
 def _run_forwarding_sigterm(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """Runs ``argv``, passing SIGTERM on. The workers answer SIGTERM by writing a checkpoint and
-    exiting 0, but torchrun reports any signal as a failure (exit 1); a preemption that ends
-    with the child gone is therefore reported as success, so that the job is not retried as
-    failed."""
+    """Runs torchrun ``argv`` and returns :func:`exit_status`. A SIGTERM goes to torchrun's
+    workers (its children), not to torchrun: signalled itself, torchrun gives the workers only
+    its shutdown timeout (a fixed 30 s in torch releases without ``--shutdown-timeout``, such as
+    the XLA image's 2.9) and then exits 1 whatever they did. Signalled directly, the workers
+    agree on a stop, write a checkpoint and exit 0, and torchrun exits with their status.
+    Before torchrun has started its workers the signal goes to torchrun."""
     child = subprocess.Popen(list(argv), env=dict(env))
     terminated = False
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal terminated
         terminated = True
-        child.send_signal(signal.SIGTERM)
+        for pid in worker_pids(child.pid) or [child.pid]:
+            with contextlib.suppress(ProcessLookupError):  # exited since the listing
+                os.kill(pid, signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
         code = child.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0 if terminated else code
+    return exit_status(code, terminated=terminated)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The image's entrypoint: ``entrypoint.py [trainer run flags...]``. With
-    ``TRN_PRECOMPILE=1`` it first runs :func:`precompile_argv`; a failing pre-pass stops the
-    job with its exit status."""
+    """The image's entrypoint: ``entrypoint.py [trainer run flags...]``. Refuses a stack that
+    cannot run on this instance type (exit 2). With ``TRN_PRECOMPILE=1`` it first runs
+    :func:`precompile_argv`; a failing pre-pass stops the job with its exit status."""
     train_args = list(sys.argv[1:] if argv is None else argv)
+    problem = stack_problem(os.environ)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     env = job_environment(os.environ, compiler=compiler_version())
-    print(f"compile cache: {env['NEURON_COMPILE_CACHE_URL']}", file=sys.stderr)
+    prepare_cache(env)
+    stack = stacks.of(env)
+    print(f"compile cache: {stack.cache_variable}={env[stack.cache_variable]}", file=sys.stderr)
     if env.get("TRN_PRECOMPILE") == "1":
         code = subprocess.run(precompile_argv(env, train_args), env=env, check=False).returncode
         if code:
             return code
-    return _run_forwarding_sigterm(torchrun_argv(env, train_args), env)
+    argv = torchrun_argv(env, train_args, shutdown_flag=torchrun_takes_shutdown_timeout())
+    return _run_forwarding_sigterm(argv, env)

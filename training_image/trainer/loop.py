@@ -34,7 +34,8 @@ class TrainResult:
 class StopFlag:
     """Set by SIGTERM (preemption, node drain, the end of a Capacity Block); the loop checks it at
     each step boundary, writes a checkpoint and returns, so the process exits 0 in the grace
-    period."""
+    period. In the image the entrypoint still exits non-zero, as the run is unfinished (see
+    :func:`trainer.launch.exit_status`)."""
 
     def __init__(self) -> None:
         self.set = False
@@ -64,13 +65,16 @@ def train(cfg: TrainConfig) -> TrainResult:
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
-        ValueError: invalid config (see :meth:`TrainConfig.validate`) or unavailable device.
+        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, or
+            a device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
     """
     cfg.validate()
     ranks = parallel.ranks_from_env()
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
+    backend.check_instance(cfg.instance_type)
     parallel.init(ranks, backend.dist_backend)
+    backend.start()  # after the process group: see Backend.start
     control = parallel.control_group(ranks)
 
     dataset = open_dataset(cfg.data)

@@ -92,6 +92,7 @@ def allreduce(size_mib: int, iterations: int, device: str) -> dict[str, Any]:
     )
     dist.init_process_group(backend.dist_backend)
     try:
+        backend.start()  # after the process group: see Backend.start
         rank, world = dist.get_rank(), dist.get_world_size()
         numel = max(1, size_mib * (1 << 20) // 4)
         buffer = torch.empty(numel, dtype=torch.float32, device=backend.device)
@@ -146,6 +147,7 @@ def launch(args: argparse.Namespace, passthrough: Sequence[str]) -> int:
     from trainer import launch as entry
 
     env = entry.job_environment(os.environ, compiler=entry.compiler_version())
+    entry.prepare_cache(env)
     # torchrun_argv ends with the trainer's own module; keep its rendezvous part only.
     prefix = entry.torchrun_argv(env, [])
     prefix = prefix[: prefix.index("-m")]
@@ -157,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.validate_node", description=__doc__)
     p.add_argument("--size-mib", type=int, default=64, help="all-reduce size per rank")
     p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--device", default="auto", help="trainer device (auto: neuron, cuda, cpu)")
+    p.add_argument("--device", default="auto", help="trainer device (auto: xla, neuron, cuda, cpu)")
     p.add_argument("--sysfs", default="/sys", help="sysfs root (tests pass a fake one)")
     p.add_argument("--neuron-ls", default="neuron-ls")
     p.add_argument("--fi-info", default="fi_info")
