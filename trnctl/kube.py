@@ -286,16 +286,40 @@ class Cluster:
         return list(listed.items)
 
     def log(self, pod: str) -> str:
+        """The trainer container's log. Where the container restarted (the runtime's pods
+        restart on failure), the previous container's log comes first, then a line saying so,
+        then the current one's: a failed attempt's output (a validation worker's result line,
+        a traceback) is not lost to its restart."""
+        current = self._read_log(pod, previous=False)
+        previous = self._read_log(pod, previous=True)
+        if not previous:
+            return current or ""
+        separator = "" if previous.endswith("\n") else "\n"
+        return (
+            f"{previous}{separator}--- {pod}: the container restarted; the log of the current "
+            f"one follows ---\n{current or ''}"
+        )
+
+    def _read_log(self, pod: str, *, previous: bool) -> str | None:
+        """One container's log; None for ``previous`` when the container never restarted (the
+        API server answers 400: no previous terminated container)."""
         # The raw body, decoded here: kubernetes 36 deserializes a text/plain body of response
         # type "str" as the repr of its bytes ("b'...'").
-        with calling(f"read the log of pod {pod} in {self.namespace}"):
-            response = self.core.read_namespaced_pod_log(
-                pod,
-                self.namespace,
-                container=ws.TRAINER_CONTAINER,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+        which = "previous log" if previous else "log"
+        with calling(f"read the {which} of pod {pod} in {self.namespace}"):
+            try:
+                response = self.core.read_namespaced_pod_log(
+                    pod,
+                    self.namespace,
+                    container=ws.TRAINER_CONTAINER,
+                    previous=previous,
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
+            except ApiException as error:
+                if previous and error.status == 400:
+                    return None
+                raise
         body: bytes = response.data
         return body.decode(errors="replace")
 

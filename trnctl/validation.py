@@ -19,6 +19,11 @@ from trnctl import jobs
 
 COMMAND = ("python3", "-m", "trainer.validate_node")
 RESULT_KEYS = ("node", "neuron_devices", "neuron_cores", "efa_interfaces", "allreduce_ok")
+# The process group backend each of the image's Neuron stacks runs its collectives on (the
+# trainer's NeuronBackend and XlaBackend). Any other (gloo: CPU over TCP) means the node did not
+# validate its Neuron devices and EFA at all.
+STACK_BACKENDS = {"native": "neuron", "xla": "xla"}
+_BACKEND_NAMES = {"gloo": "gloo (CPU over TCP)", "nccl": "nccl (CUDA)"}
 
 
 def render(
@@ -74,7 +79,8 @@ def parse(log: str) -> dict[str, Any] | None:
 
 
 def judge(index: int, pod: str, log: str, spec: InstanceSpec) -> NodeResult:
-    """Compares one node's report with the catalog entry ``spec``."""
+    """Compares one node's report with the catalog entry ``spec``, and its all-reduce's backend
+    with its stack's (:func:`backend_problem`)."""
     report = parse(log)
     if report is None:
         return NodeResult(index, pod, None, ("no validation result line in the pod's log",))
@@ -96,7 +102,30 @@ def judge(index: int, pod: str, log: str, spec: InstanceSpec) -> NodeResult:
     if report.get("allreduce_ok") is not True:
         error = report.get("error")
         problems.append("all-reduce failed" + (f": {error}" if error else ""))
+    if "backend" in report or report.get("allreduce_ok") is True:
+        backend = backend_problem(report)
+        if backend:
+            problems.append(backend)
     return NodeResult(index, pod, report, tuple(problems))
+
+
+def backend_problem(report: dict[str, Any]) -> str | None:
+    """Why the all-reduce of ``report`` did not run on the Neuron backend of the image's stack
+    (``report["stack"]``; either Neuron backend where the report names no known stack), or
+    None."""
+    stack = report.get("stack")
+    backend = report.get("backend")
+    expected = STACK_BACKENDS.get(stack) if isinstance(stack, str) else None
+    allowed = (expected,) if expected else tuple(STACK_BACKENDS.values())
+    if backend in allowed:
+        return None
+    ran = _BACKEND_NAMES.get(str(backend), str(backend)) if backend else "an unreported backend"
+    wanted = (
+        f"{expected} (the {stack} stack's Neuron backend)"
+        if expected
+        else f"a Neuron backend ({' or '.join(allowed)})"
+    )
+    return f"all-reduce ran on {ran}, not {wanted}"
 
 
 def missing_nodes(results: Sequence[NodeResult], expected: int) -> list[int]:

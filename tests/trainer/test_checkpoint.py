@@ -1,11 +1,14 @@
+import os
+import tracemalloc
 from pathlib import Path
 
 import boto3
 import pytest
 import torch
 from moto import mock_aws
+from torch import nn
 
-from trainer import optim
+from trainer import checkpoint, optim
 from trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -45,13 +48,71 @@ def _save_steps(store: Store, steps: list[int], keep: int = 3) -> tuple[Checkpoi
 
 def test_round_trip_restores_model_optimizer_and_step(tmp_path: Path) -> None:
     checkpointer, model = _save_steps(LocalStore(tmp_path), [5])
-    found = checkpointer.newest_valid()
-    assert found is not None
+    name = checkpointer.newest_valid()
+    assert name == "step_00000005"
     fresh, fresh_opt = _trained(1)
     assert not _same(fresh, model)
-    assert Checkpointer.restore(found[1], fresh, fresh_opt) == 5
+    assert checkpointer.resume(name, fresh, fresh_opt) == 5
     assert _same(fresh, model)
     assert set(fresh_opt.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process that map ``path`` (Linux /proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path.resolve()):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def test_load_maps_the_state_file_instead_of_reading_it(tmp_path: Path) -> None:
+    """Every tensor of a loaded state lies in a memory map of state.pt: the ranks of a node share
+    the page cache's one copy instead of each holding the whole checkpoint."""
+    checkpointer, _ = _save_steps(LocalStore(tmp_path), [5])
+
+    state = checkpointer.load("step_00000005")
+
+    ranges = _mapped_ranges(tmp_path / "step_00000005" / "state.pt")
+    tensors = [*state["model"].values(), state["rng"]]
+    tensors += [t for s in state["optimizer"]["state"].values() for t in s.values()]
+    assert ranges
+    assert all(any(a <= t.data_ptr() < b for a, b in ranges) for t in tensors if t.numel())
+
+
+def _big(tmp_path: Path) -> tuple[Checkpointer, nn.Linear, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(2048, 2048, bias=False)  # 16 MiB of weights, 16 MiB of momentum
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 2048)).sum().backward()
+    opt.step()
+    checkpointer = Checkpointer(LocalStore(tmp_path))
+    checkpointer.save(1, model, opt)
+    return checkpointer, model, opt
+
+
+def test_checking_and_resuming_stream_the_file(tmp_path: Path) -> None:
+    """The CRC is read a chunk at a time and the state is mapped, so the Python heap never holds
+    the checkpoint (tracemalloc sees bytes objects, not tensors)."""
+    checkpointer, model, _ = _big(tmp_path)
+    size = (tmp_path / "step_00000001" / "state.pt").stat().st_size
+    fresh = nn.Linear(2048, 2048, bias=False)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+
+    tracemalloc.start()
+    try:
+        name = checkpointer.newest_valid()
+        assert name is not None
+        step = checkpointer.resume(name, fresh, fresh_opt)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert step == 1
+    assert torch.equal(fresh.weight, model.weight)
+    assert peak < size // 2, f"peak {peak} bytes for a {size}-byte checkpoint"
 
 
 def test_keeps_the_last_n(tmp_path: Path) -> None:
@@ -66,8 +127,13 @@ def test_corrupt_newest_falls_back_to_previous_with_a_warning(tmp_path: Path) ->
     raw[len(raw) // 2] ^= 0x01
     state.write_bytes(bytes(raw))
     with pytest.warns(CorruptCheckpointWarning, match="step_00000020.*CRC-32"):
-        found = checkpointer.newest_valid()
-    assert found is not None and found[0] == "step_00000010" and found[1]["step"] == 10
+        name = checkpointer.newest_valid()
+    assert name == "step_00000010"
+    assert checkpointer.load(name)["step"] == 10
+    with pytest.raises(CheckpointError, match=r"step_00000020.*CRC-32"):
+        checkpointer.load("step_00000020")
+    # A rank that loads what the main rank verified checks format and size only.
+    assert checkpointer.load("step_00000010", verify=False)["step"] == 10
 
 
 def test_unfinished_checkpoint_is_invisible(tmp_path: Path) -> None:
@@ -82,7 +148,66 @@ def test_truncated_checkpoint_raises_naming_it(tmp_path: Path) -> None:
     state = tmp_path / "step_00000003" / "state.pt"
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="checkpoint step_00000003"):
-        checkpointer.read_valid("step_00000003")
+        checkpointer.verify("step_00000003")
+    with pytest.raises(CheckpointError, match="checkpoint step_00000003"):
+        checkpointer.load("step_00000003", verify=False)
+
+
+def test_stale_staging_is_removed_when_the_writer_starts(tmp_path: Path) -> None:
+    checkpointer, _ = _save_steps(LocalStore(tmp_path), [1])
+    crashed = tmp_path / ".staging-crashed"
+    crashed.mkdir()
+    (crashed / "state.pt").write_bytes(b"x" * 4096)  # a save killed midway
+
+    removed = checkpointer.remove_stale()
+
+    assert removed == [".staging-crashed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
+    assert checkpointer.store.names() == ["step_00000001"]
+
+
+def test_saving_again_at_a_step_replaces_the_checkpoint(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(LocalStore(tmp_path))
+    first, first_opt = _trained(0)
+    second, second_opt = _trained(1)
+    checkpointer.save(5, first, first_opt)
+
+    checkpointer.save(5, second, second_opt)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
+    fresh, fresh_opt = _trained(2)
+    checkpointer.resume("step_00000005", fresh, fresh_opt)
+    assert _same(fresh, second)
+
+
+def test_a_kill_while_replacing_a_checkpoint_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replacing step_5 never deletes the old step_5 before the new one is in place: killed
+    between the two renames, the next start puts the old one back."""
+    checkpointer = Checkpointer(LocalStore(tmp_path))
+    first, first_opt = _trained(0)
+    second, second_opt = _trained(1)
+    checkpointer.save(5, first, first_opt)
+    real_rename = os.rename
+
+    def killed_moving_the_new_one_in(src: str | Path, dst: str | Path) -> None:
+        if Path(src).name.startswith(".staging-"):
+            raise KeyboardInterrupt("killed")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "rename", killed_moving_the_new_one_in)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer.save(5, second, second_opt)
+    monkeypatch.setattr(checkpoint.os, "rename", real_rename)
+
+    restarted = Checkpointer(LocalStore(tmp_path))
+    restarted.remove_stale()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
+    assert restarted.newest_valid() == "step_00000005"
+    fresh, fresh_opt = _trained(2)
+    restarted.resume("step_00000005", fresh, fresh_opt)
+    assert _same(fresh, first)
 
 
 @mock_aws
@@ -93,8 +218,22 @@ def test_s3_store_round_trip_and_pruning() -> None:
     assert checkpointer.store.names() == ["step_00000003", "step_00000004"]
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
     assert keys[0] == "run-1/step_00000003/meta.json"
-    found = checkpointer.newest_valid()
-    assert found is not None and found[1]["step"] == 4
+    name = checkpointer.newest_valid()
+    assert name == "step_00000004"
     fresh, fresh_opt = _trained(1)
-    Checkpointer.restore(found[1], fresh, fresh_opt)
+    assert checkpointer.resume(name, fresh, fresh_opt) == 4
     assert _same(fresh, model)
+    assert checkpointer.store.remove_stale() == []
+
+
+@mock_aws
+def test_s3_store_removes_a_state_whose_upload_was_killed() -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    checkpointer, _ = _save_steps(S3Store("s3://ckpt/run-1", client=s3), [1])
+    s3.put_object(Bucket="ckpt", Key="run-1/step_00000002/state.pt", Body=b"partial")
+
+    assert checkpointer.remove_stale() == ["step_00000002"]
+
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
+    assert keys == ["run-1/step_00000001/meta.json", "run-1/step_00000001/state.pt"]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from trainer import metrics
+from trainer import data, metrics
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -91,3 +93,80 @@ def test_two_ranks_match_one_rank(
         assert two[step] == pytest.approx(loss, rel=1e-5), step
     # The sharded (FSDP) or replicated (DDP) state is gathered into one full checkpoint.
     assert (tmp_path / "ck" / f"step_{STEPS:08d}" / "meta.json").is_file()
+
+
+OPEN_PER_NODE = """
+import json, sys
+from pathlib import Path
+from trainer import data, loop, parallel
+
+hashed = []
+real = data._sha256
+data._sha256 = lambda path: hashed.append(path.name) or real(path)
+ranks = parallel.ranks_from_env()
+parallel.init(ranks, "gloo")
+control = parallel.control_group(ranks)
+out = Path(sys.argv[1]) / f"rank-{ranks.rank}.jsonl"
+for root in sys.argv[2:]:
+    hashed.clear()
+    try:
+        result = {"tokens": loop.open_dataset_per_node(root, ranks, control).num_tokens}
+    except data.ShardError as error:
+        result = {"error": str(error)}
+    result.update(root=root, local_rank=ranks.local_rank, hashed=len(hashed))
+    with out.open("a") as f:
+        f.write(json.dumps(result) + "\\n")
+parallel.shutdown()
+"""
+
+
+def test_the_data_is_verified_once_per_node(
+    corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Two ranks of one node: local rank 0 checks every shard's SHA-256, the other rank none;
+    a corrupt shard stops both, local rank 0 naming it."""
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(corpus_dir, corrupt)
+    shard = corrupt / "shard_00000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    (tmp_path / "open.py").write_text(OPEN_PER_NODE)
+    shards = len(json.loads((corpus_dir / data.MANIFEST).read_text())["shards"])
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(tmp_path / "open.py"),
+            str(tmp_path),
+            str(corpus_dir),
+            str(corrupt),
+        ],
+        env=trainer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (tmp_path / f"rank-{rank}.jsonl").read_text().splitlines()
+    ]
+    by = {(line["root"], line["local_rank"]): line for line in lines}
+    good, bad = str(corpus_dir), str(corrupt)
+    assert by[good, 0]["hashed"] == shards and by[good, 1]["hashed"] == 0
+    assert by[good, 0]["tokens"] == by[good, 1]["tokens"] > 0
+    assert "shard_00000.bin: checksum mismatch" in by[bad, 0]["error"]
+    assert by[bad, 1]["error"] == f"shard {bad}: failed its checks on a node's local rank 0 " + (
+        "(see that rank's log)"
+    )
+    assert by[bad, 1]["hashed"] == 0

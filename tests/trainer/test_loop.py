@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from trainer import device, metrics, parallel
+from trainer import device, metrics, optim, parallel
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -210,3 +214,53 @@ def test_compiled_path_one_graph_no_breaks_no_recompiles(corpus_dir: Path, tmp_p
         assert not counters["graph_break"]
     finally:
         torch._dynamo.reset()
+
+
+def test_resume_maps_the_checkpoint_and_trains_without_it(
+    corpus_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On resume the state is memory-mapped and dropped once the model and optimizer hold their
+    copies: no loaded state is alive at any step. A staging directory left by a save killed
+    midway is removed when the run starts."""
+    cfg = TrainConfig(
+        preset="tiny",
+        device="cpu",
+        compile="none",
+        data=str(corpus_dir),
+        max_steps=2,
+        checkpoint_dir=str(tmp_path / "ck"),
+    )
+    train(cfg)
+    stale = tmp_path / "ck" / ".staging-killed"
+    stale.mkdir()
+    (stale / "state.pt").write_bytes(b"\0" * 4096)
+
+    class Loaded(dict[str, Any]):  # a dict that can be weakly referenced
+        pass
+
+    loads: list[dict[str, Any]] = []
+    loaded: list[weakref.ref[Loaded]] = []
+    real_load = torch.load
+
+    def load(*args: Any, **kwargs: Any) -> Loaded:
+        loads.append(kwargs)
+        state = Loaded(real_load(*args, **kwargs))
+        loaded.append(weakref.ref(state))
+        return state
+
+    alive: list[bool] = []
+    real_set_lr = optim.set_lr
+
+    def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:  # once per step
+        gc.collect()
+        alive.append(any(ref() is not None for ref in loaded))
+        real_set_lr(optimizer, lr)
+
+    monkeypatch.setattr(torch, "load", load)
+    monkeypatch.setattr(optim, "set_lr", set_lr)
+    result = train(dataclasses.replace(cfg, max_steps=4))
+
+    assert result.steps_done == 4
+    assert [(k.get("map_location"), k.get("mmap")) for k in loads] == [("cpu", True)]
+    assert alive == [False, False]
+    assert not stale.exists()

@@ -109,7 +109,42 @@ def test_node_mode_runs_an_allreduce_over_its_ranks_and_prints_one_line(tmp_path
     assert report["allreduce_gbps"] > 0
     assert report["world_size"] == 2
     assert report["backend"] == "gloo"
+    assert report["device"] == "cpu" and report["stack"] is None
     assert report["node_rank"] == 0
+
+
+def test_node_mode_runs_on_the_image_stack_device_never_on_cpu(tmp_path: Path) -> None:
+    """In the native image (NEURON_STACK=native) the ranks run on the neuron device: where there
+    is none the all-reduce fails and the node's line says why, instead of passing over gloo."""
+    tool = _script(tmp_path / "neuron-ls", NEURON_LS)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        NEURON_STACK="native",
+        TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"),
+        NPROC_PER_NODE="2",
+        OMP_NUM_THREADS="1",
+        PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+    )
+
+    sysfs = _sysfs(tmp_path / "sys", 16)
+    done = subprocess.run(
+        [
+            *[sys.executable, "-m", "trainer.validate_node", "--size-mib", "1"],
+            *["--iterations", "1", "--sysfs", str(sysfs), "--neuron-ls", tool],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode != 0
+    (report,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert report["stack"] == "native" and report["device"] == "neuron"
+    assert report["allreduce_ok"] is False
+    assert "backend" not in report
+    assert "device 'neuron' is not available" in report["error"]
 
 
 def test_what_trnctl_parses_is_what_the_program_prints(tmp_path: Path) -> None:
@@ -122,8 +157,11 @@ def test_what_trnctl_parses_is_what_the_program_prints(tmp_path: Path) -> None:
             "neuron_devices": 16,
             "neuron_cores": 128,
             "efa_interfaces": 16,
+            "stack": "native",
+            "device": "neuron",
             "allreduce_ok": True,
             "allreduce_gbps": 1.0,
+            "backend": "neuron",
         }
     )
 

@@ -1,6 +1,6 @@
 """A tiny Kubernetes API server on 127.0.0.1 with just the endpoints trnctl calls, so that the
 real kubernetes client's requests run end to end: TrainingRuntime get, TrainJob create/get, pod
-list by label selector, pod log (plain and follow)."""
+list by label selector, pod log (plain, follow, and the previous container's)."""
 
 from __future__ import annotations
 
@@ -43,11 +43,22 @@ class FakeKube:
     statuses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
+    # Pod name -> the log of its previous (restarted) container.
+    previous_logs: dict[str, str] = field(default_factory=dict)
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
     on_create: Callable[[dict[str, Any]], None] | None = None
     requests: list[Request] = field(default_factory=list)
 
-    def add_pod(self, job: str, index: int, log: str, *, phase: str = "Succeeded") -> str:
+    def add_pod(
+        self,
+        job: str,
+        index: int,
+        log: str,
+        *,
+        phase: str = "Succeeded",
+        previous_log: str | None = None,
+    ) -> str:
+        """A node pod of ``job``; with ``previous_log`` its container restarted once."""
         name = f"{job}-node-0-{index}-abcde"
         self.pods.append(
             {
@@ -74,7 +85,7 @@ class FakeKube:
                             "image": "trainer:1",
                             "imageID": "",
                             "ready": False,
-                            "restartCount": 0,
+                            "restartCount": 0 if previous_log is None else 1,
                             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
                         }
                     ],
@@ -82,11 +93,19 @@ class FakeKube:
             }
         )
         self.logs[name] = log
+        if previous_log is not None:
+            self.previous_logs[name] = previous_log
         return name
 
 
 def _status(code: int, message: str) -> dict[str, Any]:
-    reasons = {403: "Forbidden", 404: "NotFound", 409: "AlreadyExists", 500: "InternalError"}
+    reasons = {
+        400: "BadRequest",
+        403: "Forbidden",
+        404: "NotFound",
+        409: "AlreadyExists",
+        500: "InternalError",
+    }
     return {
         "kind": "Status",
         "apiVersion": "v1",
@@ -186,11 +205,18 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             items = [pod for pod in state.pods if _matches(pod["metadata"]["labels"], selector)]
             self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
 
-        def _log(self, p: dict[str, str], q: Any, body: Any) -> None:
-            if p["name"] not in state.logs:
-                self._send(404, _status(404, f'pods "{p["name"]}" not found'))
-            else:
-                self._send(200, state.logs[p["name"]], "text/plain")
+        def _log(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
+            name = p["name"]
+            if name not in state.logs:
+                self._send(404, _status(404, f'pods "{name}" not found'))
+            elif q.get("previous", ["false"])[0].lower() != "true":
+                self._send(200, state.logs[name], "text/plain")
+            elif name in state.previous_logs:
+                self._send(200, state.previous_logs[name], "text/plain")
+            else:  # what the API server answers for a container that never restarted
+                container = q.get("container", [""])[0]
+                message = f'previous terminated container "{container}" in pod "{name}" not found'
+                self._send(400, _status(400, message))
 
     return Handler
 

@@ -338,8 +338,26 @@ def test_logs_read_the_rank_0_pod(fake: FakeKube, trnctl: Any) -> None:
     assert followed.stdout == plain.stdout
     logs = [r for r in fake.requests if r.path.endswith("/log")]
     assert {r.path for r in logs} == {"/api/v1/namespaces/training/pods/run-1-node-0-0-abcde/log"}
-    assert logs[0].query["container"] == ["node"]
-    assert logs[1].query["follow"] == ["True"]  # what the client sends; the server parses it
+    assert all(r.query["container"] == ["node"] for r in logs)
+    # What the client sends; the server parses it. The plain read also asks for the previous
+    # container's log, which a container that never restarted does not have (400).
+    assert [r.query.get("follow") for r in logs] == [None, None, ["True"]]
+    assert [r.query.get("previous") for r in logs] == [["False"], ["True"], None]
+
+
+def test_logs_of_a_restarted_container_keep_the_previous_attempt(
+    fake: FakeKube, trnctl: Any
+) -> None:
+    fake.trainjobs["run-1"] = {"metadata": {"name": "run-1"}}
+    fake.add_pod("run-1", 0, "step 1 loss 5.0\n", previous_log="Traceback: boom")
+
+    run = trnctl("job", "logs", "run-1", "--env", "trn-dev")
+
+    assert run.exit_code == 0, run.stderr
+    assert run.stdout == (
+        "Traceback: boom\n--- run-1-node-0-0-abcde: the container restarted; the log of the "
+        "current one follows ---\nstep 1 loss 5.0\n"
+    )
 
 
 def test_logs_without_a_pod_yet(fake: FakeKube, trnctl: Any) -> None:
@@ -364,9 +382,12 @@ def _line(index: int, **overrides: Any) -> str:
         "neuron_devices": SPEC.chips,
         "neuron_cores": SPEC.neuron_cores,
         "efa_interfaces": SPEC.efa_interfaces,
+        "stack": "native",
+        "device": "neuron",
         "allreduce_ok": True,
         "allreduce_gbps": 812.5,
         "world_size": 2 * SPEC.logical_neuron_cores,
+        "backend": "neuron",
     }
     return json.dumps({**report, **overrides})
 
@@ -422,8 +443,41 @@ def test_validate_passes_when_every_node_matches_the_catalog(fake: FakeKube, trn
             "trnctl: validation failed on 2 of 2 nodes: node 0: neuron devices 15, catalog 16 | "
             "node 1: no pod\n",
         ),
+        (
+            {0: _line(0), 1: _line(1, device="auto", backend="gloo")},
+            "trnctl: validation failed on 1 of 2 nodes: node 1: all-reduce ran on gloo (CPU over "
+            "TCP), not neuron (the native stack's Neuron backend)\n",
+        ),
+        (
+            {0: _line(0, stack="xla", device="xla"), 1: _line(1, stack="xla", device="xla")},
+            "trnctl: validation failed on 2 of 2 nodes: node 0: all-reduce ran on neuron, not "
+            "xla (the xla stack's Neuron backend) | node 1: all-reduce ran on neuron, not xla "
+            "(the xla stack's Neuron backend)\n",
+        ),
+        (
+            {0: _line(0), 1: _line(1, stack=None, backend=None)},
+            "trnctl: validation failed on 1 of 2 nodes: node 1: all-reduce ran on an unreported "
+            "backend, not a Neuron backend (neuron or xla)\n",
+        ),
+        (
+            {
+                0: _line(0),
+                1: "starting\n",
+            },
+            "trnctl: validation failed on 1 of 2 nodes: node 1: no validation result line in "
+            "the pod's log\n",
+        ),
     ],
-    ids=["efa-count", "malformed", "allreduce", "device-count-and-missing-node"],
+    ids=[
+        "efa-count",
+        "malformed",
+        "allreduce",
+        "device-count-and-missing-node",
+        "cpu-over-tcp",
+        "wrong-neuron-backend",
+        "no-backend",
+        "no-line",
+    ],
 )
 def test_validate_failures_are_one_line(
     fake: FakeKube, trnctl: Any, logs: dict[int, str], line: str
@@ -435,6 +489,41 @@ def test_validate_failures_are_one_line(
     assert run.exit_code == ExitCode.FAILED
     assert run.stderr.splitlines()[-1] + "\n" == line
     assert "fail" in run.stdout
+
+
+def test_validate_passes_on_the_xla_stack(fake: FakeKube, trnctl: Any) -> None:
+    xla = {"stack": "xla", "device": "xla", "backend": "xla"}
+    _validation_job(fake, {0: _line(0, **xla), 1: _line(1, **xla)})
+
+    run = trnctl(*VALIDATE)
+
+    assert run.exit_code == 0, run.stderr
+
+
+def test_validate_reads_a_restarted_worker_s_previous_container(
+    fake: FakeKube, trnctl: Any
+) -> None:
+    """The runtime's pods restart on failure: the failing attempt's result line is in the
+    previous container's log, and the verdict names its error."""
+    failed = _line(1, allreduce_ok=False, allreduce_gbps=None, error="Neuron device not found")
+
+    def created(job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        fake.statuses[name] = [{"conditions": []}, _finished("Failed")]
+        fake.add_pod(name, 0, _line(0) + "\n")
+        fake.add_pod(name, 1, "compile cache: x\n", phase="Running", previous_log=failed + "\n")
+
+    fake.on_create = created
+
+    run = trnctl(*VALIDATE)
+
+    assert run.exit_code == ExitCode.FAILED
+    assert run.stderr.splitlines()[-1] == (
+        "trnctl: validation failed on 1 of 2 nodes: node 1: all-reduce failed: Neuron device "
+        "not found"
+    )
+    pod_1 = [r for r in fake.requests if r.path.endswith("/v-node-0-1-abcde/log")]
+    assert [r.query["previous"] for r in pod_1] == [["False"], ["True"]]
 
 
 def test_validate_times_out(fake: FakeKube, trnctl: Any) -> None:

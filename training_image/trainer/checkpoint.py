@@ -3,13 +3,19 @@
 A checkpoint is a directory ``step_00000123/`` holding ``state.pt`` (model, optimizer, RNG and
 step) and ``meta.json`` (step, size, CRC-32 of ``state.pt``). It is staged under a temporary name
 and renamed into place (on S3, ``meta.json`` is uploaded last), so a checkpoint is either
-complete or absent; ``meta.json`` is the mark of completion. Loading checks the CRC and falls
-back to the next older checkpoint, with a :class:`CorruptCheckpointWarning`, when it fails.
+complete or absent; ``meta.json`` is the mark of completion. What a save killed midway leaves
+behind is removed by :meth:`Store.remove_stale` when the writing rank starts. Checking a
+checkpoint streams its CRC, and falls back to the next older checkpoint, with a
+:class:`CorruptCheckpointWarning`, when it fails.
+
+Loading memory-maps ``state.pt`` (``torch.load(mmap=True)``) rather than reading it into each
+process: the ranks of a node then share one copy of its pages in the page cache, and a rank's
+own memory holds only what it copies into its model and optimizer.
 """
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import mmap
 import os
@@ -17,7 +23,9 @@ import shutil
 import tempfile
 import warnings
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +43,9 @@ from torch.distributed.checkpoint.state_dict import (
 STATE, META = "state.pt", "meta.json"
 FORMAT = "trn-train-checkpoint-v1"
 _PREFIX = "step_"
+_STAGING = ".staging-"  # a save in progress, or one killed midway
+_REPLACED = ".replaced-"  # a checkpoint set aside while a new save at its step is renamed in
+_CHUNK = 8 << 20  # bytes read at a time when checksumming
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -60,9 +71,20 @@ class Store(Protocol):
 
     def publish(self, staged: Path, name: str) -> None: ...
 
-    def read(self, name: str, file: str) -> bytes: ...
+    def read(self, name: str, file: str) -> bytes:
+        """A small file (``meta.json``) in memory."""
+        ...
+
+    def local_file(self, name: str, file: str) -> AbstractContextManager[Path]:
+        """A local path of ``file`` while the context lasts, to read in place or map."""
+        ...
 
     def delete(self, name: str) -> None: ...
+
+    def remove_stale(self) -> list[str]:
+        """Removes what saves killed midway left behind and returns what it removed. Only for
+        the writing rank, before its first save."""
+        ...
 
 
 class LocalStore:
@@ -77,20 +99,52 @@ class LocalStore:
 
     def staging(self) -> Path:
         # Inside root, so that publishing is a rename on one file system.
-        return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+        return Path(tempfile.mkdtemp(prefix=_STAGING, dir=self.root))
 
     def publish(self, staged: Path, name: str) -> None:
+        """Renames ``staged`` to ``name``. A checkpoint already there (saved again at the same
+        step after resuming from an older one) is renamed aside first and deleted only once the
+        new one is in place, so that one of the two is always complete on disk;
+        :meth:`remove_stale` puts the old one back if a kill came before the new one arrived."""
         final = self.root / name
-        if final.exists():  # saved again at the same step after a resume
-            shutil.rmtree(final)
+        if not final.exists():
+            os.rename(staged, final)
+            _fsync_dir(self.root)
+            return
+        aside = self.root / f"{_REPLACED}{name}"
+        shutil.rmtree(aside, ignore_errors=True)  # from an earlier save, killed midway
+        os.rename(final, aside)
         os.rename(staged, final)
         _fsync_dir(self.root)
+        shutil.rmtree(aside)
 
     def read(self, name: str, file: str) -> bytes:
         return (self.root / name / file).read_bytes()
 
+    @contextlib.contextmanager
+    def local_file(self, name: str, file: str) -> Iterator[Path]:
+        yield self.root / name / file
+
     def delete(self, name: str) -> None:
         shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def remove_stale(self) -> list[str]:
+        """Deletes staging directories (a save killed before it was published) and checkpoints
+        set aside by :meth:`publish`, putting one back where its replacement is missing."""
+        removed = []
+        for aside in sorted(self.root.glob(f"{_REPLACED}*")):
+            final = self.root / aside.name.removeprefix(_REPLACED)
+            if (final / META).is_file():
+                shutil.rmtree(aside, ignore_errors=True)
+                removed.append(aside.name)
+            else:
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(aside, final)
+        for staged in sorted(self.root.glob(f"{_STAGING}*")):
+            shutil.rmtree(staged, ignore_errors=True)
+            removed.append(staged.name)
+        _fsync_dir(self.root)
+        return removed
 
 
 class S3Store:
@@ -135,10 +189,42 @@ class S3Store:
         ].read()
         return body
 
+    @contextlib.contextmanager
+    def local_file(self, name: str, file: str) -> Iterator[Path]:
+        """A download into a temporary directory (streamed by boto3), removed at the end; a
+        memory map of it stays valid after that."""
+        from botocore.exceptions import ClientError
+
+        folder = Path(tempfile.mkdtemp(prefix="trn-ckpt-load-"))
+        try:
+            path = folder / file
+            try:
+                self.s3.download_file(self.bucket, self._key(name, file), str(path))
+            except ClientError as e:
+                raise OSError(f"s3://{self.bucket}/{self._key(name, file)}: {e}") from e
+            yield path
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
         for file in (META, STATE):
             self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, file))
+
+    def remove_stale(self) -> list[str]:
+        """Deletes ``state.pt`` objects without a ``meta.json`` (an upload killed midway); the
+        local staging directory went with the process."""
+        files: dict[str, set[str]] = {}
+        for page in self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(_PREFIX)
+        ):
+            for obj in page.get("Contents", []):
+                name, _, file = obj["Key"][len(self._key()) :].lstrip("/").partition("/")
+                files.setdefault(name, set()).add(file)
+        stale = sorted(name for name, held in files.items() if META not in held and STATE in held)
+        for name in stale:
+            self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, STATE))
+        return stale
 
 
 def open_store(location: str) -> Store:
@@ -208,35 +294,70 @@ class Checkpointer:
             self.store.delete(old)
         return name
 
-    def read_valid(self, name: str) -> dict[str, Any]:
-        """The state of checkpoint ``name`` after checking its size and CRC.
+    def remove_stale(self) -> list[str]:
+        """What saves killed midway left behind, removed (see :meth:`Store.remove_stale`). Call
+        it on the writing rank before its first save."""
+        return self.store.remove_stale()
+
+    def verify(self, name: str) -> None:
+        """Checks the format, size and CRC-32 of checkpoint ``name``, reading ``state.pt`` a
+        chunk at a time.
 
         Raises:
             CheckpointError: unreadable, truncated or failing its CRC; the message names it.
         """
+        with self.store.local_file(name, STATE) as path:
+            self._check(name, path, crc=True)
+
+    def _check(self, name: str, path: Path, *, crc: bool) -> None:
         try:
             meta = json.loads(self.store.read(name, META))
-            blob = self.store.read(name, STATE)
-        except (OSError, ValueError) as e:
+            size = path.stat().st_size
+            if meta.get("format") != FORMAT:
+                raise CheckpointError(
+                    f"checkpoint {name}: format {meta.get('format')!r}, expected {FORMAT!r}"
+                )
+            if size != meta["bytes"] or (crc and f"{_crc32(path):08x}" != meta["crc32"]):
+                raise CheckpointError(f"checkpoint {name}: {STATE} fails its size or CRC-32 check")
+        except (OSError, ValueError, KeyError) as e:
             raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
-        if meta.get("format") != FORMAT:
-            raise CheckpointError(
-                f"checkpoint {name}: format {meta.get('format')!r}, expected {FORMAT!r}"
-            )
-        if len(blob) != meta["bytes"] or f"{zlib.crc32(blob):08x}" != meta["crc32"]:
-            raise CheckpointError(f"checkpoint {name}: {STATE} fails its size or CRC-32 check")
-        state: dict[str, Any] = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+
+    def load(self, name: str, *, verify: bool = True) -> dict[str, Any]:
+        """The state of checkpoint ``name``, its tensors memory-mapped from ``state.pt`` (CPU),
+        after :meth:`verify` (``verify=False``: the format and size only, for a checkpoint
+        another rank has verified).
+
+        Raises:
+            CheckpointError: unreadable, truncated or failing its CRC; the message names it.
+        """
+        with self.store.local_file(name, STATE) as path:
+            self._check(name, path, crc=verify)
+            try:
+                state: dict[str, Any] = torch.load(
+                    path, map_location="cpu", mmap=True, weights_only=True
+                )
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
         return state
 
-    def newest_valid(self) -> tuple[str, dict[str, Any]] | None:
-        """The newest checkpoint that passes its checks, warning about each newer one that does
-        not; None when there is none."""
+    def newest_valid(self) -> str | None:
+        """The newest checkpoint that passes :meth:`verify`, warning about each newer one that
+        does not; None when there is none. Nothing is loaded."""
         for name in reversed(self.store.names()):
             try:
-                return name, self.read_valid(name)
+                self.verify(name)
             except CheckpointError as e:
                 warnings.warn(f"skipping {e}", CorruptCheckpointWarning, stacklevel=2)
+            else:
+                return name
         return None
+
+    def resume(
+        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, verify: bool = True
+    ) -> int:
+        """Loads checkpoint ``name`` (see :meth:`load`) into ``model`` and ``optimizer`` and
+        returns the step to train next. The loaded state is dropped on return."""
+        return self.restore(self.load(name, verify=verify), model, optimizer)
 
     @staticmethod
     def restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -246,3 +367,14 @@ class Checkpointer:
         torch.set_rng_state(state["rng"])
         step: int = state["step"]
         return step
+
+
+def _crc32(path: Path) -> int:
+    """The CRC-32 of ``path``, read :data:`_CHUNK` bytes at a time into one buffer."""
+    crc = 0
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            crc = zlib.crc32(view[:n], crc)
+    return crc

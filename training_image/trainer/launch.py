@@ -131,18 +131,15 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
     return spec.neuron_cores // lnc
 
 
-def torchrun_argv(
-    env: Mapping[str, str], train_args: Sequence[str], *, shutdown_flag: bool = False
-) -> list[str]:
-    """``torchrun`` for this node: standalone for one node, else a static rendezvous at
-    ``MASTER_ADDR:MASTER_PORT`` with ``NNODES`` nodes and this node's ``NODE_RANK``.
+def torchrun_prefix(env: Mapping[str, str], *, shutdown_flag: bool = False) -> list[str]:
+    """``torchrun`` for this node, up to the program it runs: standalone for one node, else a
+    static rendezvous at ``MASTER_ADDR:MASTER_PORT`` with ``NNODES`` nodes and this node's
+    ``NODE_RANK``.
 
     With ``shutdown_flag`` (only where torchrun has it: :func:`torchrun_takes_shutdown_timeout`),
     ``--shutdown-timeout`` gives workers that torchrun stops itself ``TRN_SHUTDOWN_TIMEOUT_S``
     (set by the workspace from the pod's grace period, less a margin) between SIGTERM and
-    SIGKILL instead of 30 s. Where the image names its stack, the trainer gets that stack's
-    ``--device``, so that a missing Neuron device is an error rather than a run on CPU;
-    ``train_args`` come last and win."""
+    SIGKILL instead of 30 s."""
     nnodes = int(env.get("NNODES", "1"))
     argv = ["torchrun", f"--nproc-per-node={ranks_per_node(env)}"]
     if nnodes == 1:
@@ -157,11 +154,27 @@ def torchrun_argv(
     if shutdown_flag:
         timeout = int(env.get("TRN_SHUTDOWN_TIMEOUT_S", DEFAULT_SHUTDOWN_TIMEOUT_S))
         argv.append(f"--shutdown-timeout={timeout}")
+    return argv
+
+
+def stack_device_args(env: Mapping[str, str]) -> list[str]:
+    """``--device <the stack's device>`` where the image names its stack (``NEURON_STACK``),
+    so that a missing Neuron device is an error rather than a run on CPU; else nothing (auto)."""
+    return ["--device", stacks.of(env).device] if "NEURON_STACK" in env else []
+
+
+def torchrun_argv(
+    env: Mapping[str, str], train_args: Sequence[str], *, shutdown_flag: bool = False
+) -> list[str]:
+    """:func:`torchrun_prefix` running the trainer on ``TRN_INSTANCE_TYPE`` with the stack's
+    device (:func:`stack_device_args`); ``train_args`` come last and win."""
     instance = env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge")
-    run = ["-m", "trainer", "run", "--instance-type", instance]
-    if "NEURON_STACK" in env:
-        run += ["--device", stacks.of(env).device]
-    return [*argv, *run, *train_args]
+    return [
+        *torchrun_prefix(env, shutdown_flag=shutdown_flag),
+        *["-m", "trainer", "run", "--instance-type", instance],
+        *stack_device_args(env),
+        *train_args,
+    ]
 
 
 def torchrun_takes_shutdown_timeout() -> bool:

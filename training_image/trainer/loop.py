@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from types import FrameType
 
 import torch
+import torch.distributed as dist
 
 from trainer import device, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store
 from trainer.config import TrainConfig
-from trainer.data import WindowSampler, open_dataset
+from trainer.data import Dataset, ShardError, WindowSampler, open_dataset
 from trainer.metrics import MetricsLog, mfu
 from trainer.model import GPT
 
@@ -60,6 +61,34 @@ def _stream(
             yield sampler.batch(step, micro)
 
 
+def open_dataset_per_node(
+    root: str, ranks: parallel.Ranks, control: dist.ProcessGroup | None
+) -> Dataset:
+    """The dataset, its SHA-256s checked once per node: local rank 0 verifies, the node's other
+    ranks wait for it and open it checking headers and sizes only. Per node rather than on
+    rank 0 alone because each node reads through its own mount (Mountpoint S3, the Lustre
+    client), so that a node's mount serving wrong bytes is caught there; the reads drop from
+    every rank's to one per node.
+
+    Raises:
+        trainer.data.ShardError: a shard or the manifest is wrong, on this node or another.
+    """
+    problem: ShardError | None = None
+    dataset = None
+    if ranks.local_rank == 0:
+        try:
+            dataset = open_dataset(root, verify=True)
+        except ShardError as error:
+            problem = error
+    # Also the barrier: no rank opens the data before every node has verified it.
+    failed = parallel.any_rank(problem is not None, ranks, control)
+    if problem is not None:
+        raise problem
+    if failed:
+        raise ShardError(root, "failed its checks on a node's local rank 0 (see that rank's log)")
+    return dataset if dataset is not None else open_dataset(root, verify=False)
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Trains ``cfg.preset`` until ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
@@ -77,7 +106,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     backend.start()  # after the process group: see Backend.start
     control = parallel.control_group(ranks)
 
-    dataset = open_dataset(cfg.data)
+    dataset = open_dataset_per_node(cfg.data, ranks, control)
     if dataset.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds preset "
@@ -107,11 +136,15 @@ def train(cfg: TrainConfig) -> TrainResult:
     )
     start = 0
     if checkpointer is not None:
-        found = checkpointer.newest_valid() if ranks.is_main else None
-        name = parallel.broadcast_object(found[0] if found else None, ranks, control)
+        if ranks.is_main:  # the writing rank, before its first save
+            checkpointer.remove_stale()
+        # The main rank verifies (streaming the CRC); every rank then maps the state it chose
+        # and keeps none of it once the model and optimizer hold their copies.
+        name = parallel.broadcast_object(
+            checkpointer.newest_valid() if ranks.is_main else None, ranks, control
+        )
         if name is not None:
-            state = found[1] if found else checkpointer.read_valid(str(name))
-            start = checkpointer.restore(state, model, optimizer)
+            start = checkpointer.resume(str(name), model, optimizer, verify=False)
 
     peak = cfg.peak_flops or backend.peak_flops(
         instance_type=cfg.instance_type, local_world_size=ranks.local_world_size

@@ -3,13 +3,18 @@
 ``trnctl validate`` runs this in every node pod of a TrainJob. Started without ``LOCAL_RANK``
 (the node mode), it sets the job environment as the training entrypoint does
 (:func:`trainer.launch.job_environment`) and starts torchrun with one rank per logical
-NeuronCore; each rank (``--worker``) joins one process group across all nodes and times an
-all-reduce. Local rank 0 of each node also counts the Neuron devices and cores
-(``neuron-ls --json-output``) and the EFA interfaces (``/sys/class/infiniband``, else
-``fi_info -p efa``), then prints one JSON line::
+NeuronCore; each rank (``--worker``) joins one process group across all nodes, on the device
+of the image's Neuron stack (``NEURON_STACK``: ``neuron`` for native, ``xla`` for xla; ``auto``
+without one), and times an all-reduce. Local rank 0 of each node also counts the Neuron
+devices and cores (``neuron-ls --json-output``) and the EFA interfaces
+(``/sys/class/infiniband``, else ``fi_info -p efa``), then prints one JSON line::
 
     {"node": ..., "node_rank": ..., "neuron_devices": ..., "neuron_cores": ...,
-     "efa_interfaces": ..., "allreduce_ok": ..., "allreduce_gbps": ..., "world_size": ...}
+     "efa_interfaces": ..., "stack": ..., "device": ..., "allreduce_ok": ...,
+     "allreduce_gbps": ..., "world_size": ..., "backend": ...}
+
+``backend`` is the process group backend the all-reduce ran on (absent when it could not
+start: ``error`` says why), which ``trnctl validate`` requires to be the stack's Neuron one.
 
 ``allreduce_gbps`` is the bus bandwidth in Gbit/s (the NCCL-tests convention:
 bytes x 2 (n - 1) / n / time). Counts that cannot be read are null; ``trnctl validate`` compares
@@ -136,6 +141,8 @@ def worker(args: argparse.Namespace) -> int:
             "neuron_devices": devices,
             "neuron_cores": cores,
             "efa_interfaces": efa_interfaces(Path(args.sysfs), args.fi_info),
+            "stack": os.environ.get("NEURON_STACK"),
+            "device": args.device,
             **result,
         }
         print(json.dumps(line), flush=True)
@@ -148,10 +155,14 @@ def launch(args: argparse.Namespace, passthrough: Sequence[str]) -> int:
 
     env = entry.job_environment(os.environ, compiler=entry.compiler_version())
     entry.prepare_cache(env)
-    # torchrun_argv ends with the trainer's own module; keep its rendezvous part only.
-    prefix = entry.torchrun_argv(env, [])
-    prefix = prefix[: prefix.index("-m")]
-    argv = [*prefix, "-m", "trainer.validate_node", "--worker", *passthrough]
+    # The image's stack device, as for training: without a Neuron device the all-reduce fails
+    # rather than passing over CPU and TCP. A --device given here comes later and wins.
+    argv = [
+        *entry.torchrun_prefix(env),
+        *["-m", "trainer.validate_node", "--worker"],
+        *entry.stack_device_args(env),
+        *passthrough,
+    ]
     return subprocess.run(argv, env=env, check=False).returncode
 
 
@@ -159,7 +170,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer.validate_node", description=__doc__)
     p.add_argument("--size-mib", type=int, default=64, help="all-reduce size per rank")
     p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--device", default="auto", help="trainer device (auto: xla, neuron, cuda, cpu)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="trainer device (node mode: the image stack's; auto: xla, neuron, cuda, cpu)",
+    )
     p.add_argument("--sysfs", default="/sys", help="sysfs root (tests pass a fake one)")
     p.add_argument("--neuron-ls", default="neuron-ls")
     p.add_argument("--fi-info", default="fi_info")
