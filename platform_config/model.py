@@ -114,6 +114,8 @@ class PlatformConfig:
     expires_at: datetime | None = None
     budget_email: str | None = None
     admin_role_arn: str | None = None
+    # A preview's monthly cost budget in USD (None outside previews).
+    budget_usd: int | None = None
 
     @property
     def env(self) -> EnvName:

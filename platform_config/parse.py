@@ -44,6 +44,7 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "efa_fsx",
     "admin_role_arn",
     "budget_email",
+    "budget_usd",
 )
 
 # Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
@@ -53,6 +54,8 @@ DEFAULT_REGION = "us-east-2"
 DEFAULT_AVAILABILITY_ZONE = "us-east-2a"
 DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 DEFAULT_TTL_HOURS = 48
+DEFAULT_BUDGET_USD = 500
+MAX_BUDGET_USD = 1_000_000
 MAX_TRN_NODES = formats.MAX_BLOCK_INSTANCES
 MAX_TTL_HOURS = MAX_PREVIEW_TTL_HOURS
 FSX_MAX_GIB = 2_400_000
@@ -290,6 +293,19 @@ def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
     return DEFAULT_TTL_HOURS if ttl is None else ttl
 
 
+def _budget_usd(reader: _Reader, preview: str | None) -> int | None:
+    amount = reader.integer("budget_usd", None, 1, MAX_BUDGET_USD)
+    if preview is None:
+        reader.check(
+            reader.raw("budget_usd") is None,
+            "budget_usd",
+            reader.raw("budget_usd"),
+            "only used with preview=<project>; it is the preview's monthly cost budget",
+        )
+        return None
+    return DEFAULT_BUDGET_USD if amount is None else amount
+
+
 def _budget_email(reader: _Reader, preview: str | None) -> str | None:
     email = reader.matching("budget_email", formats.EMAIL, "expected an email address")
     reader.check(
@@ -331,6 +347,7 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
         ttl_hours=ttl_hours,
         expires_at=(now + timedelta(hours=ttl_hours)) if now and ttl_hours else None,
         budget_email=_budget_email(reader, preview),
+        budget_usd=_budget_usd(reader, preview),
         admin_role_arn=reader.matching(
             "admin_role_arn",
             _ROLE_ARN,

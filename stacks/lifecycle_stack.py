@@ -39,5 +39,6 @@ class LifecycleStack(Stack):
                 expires_at=config.expires_at,
                 stacks=[self, *stacks],
                 alert_email=config.budget_email,
+                budget_usd=config.budget_usd or PreviewLifecycleProps.budget_usd,
             ),
         )

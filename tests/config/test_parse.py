@@ -80,6 +80,12 @@ def test_preview_profile() -> None:
     assert parse(preview="team-nlp").ttl_hours == 48
 
 
+def test_preview_budget_defaults_to_500_usd_and_is_set_per_preview() -> None:
+    assert parse(preview="team-nlp").budget_usd == 500
+    assert parse(preview="team-nlp", budget_usd="2500").budget_usd == 2500
+    assert parse().budget_usd is None
+
+
 BAD_INPUT = [
     ({"instance_type": "trn9.1xlarge"}, r"instance_type: 'trn9\.1xlarge' .*trn3\.48xlarge"),
     ({"instance_type": "p5.48xlarge"}, r"instance_type: 'p5\.48xlarge' .*instance catalog"),
@@ -129,6 +135,9 @@ BAD_INPUT = [
     ),
     ({"budget_email": "ml@example.com"}, r"budget_email: .*only used with preview=<project>"),
     ({"preview": "nlp", "budget_email": "ml"}, r"budget_email: 'ml' .*email address"),
+    ({"budget_usd": "800"}, r"budget_usd: '800' .*only used with preview=<project>"),
+    ({"preview": "nlp", "budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
+    ({"preview": "nlp", "budget_usd": "lots"}, r"budget_usd: 'lots' .*whole number"),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
 ]
@@ -166,6 +175,7 @@ def test_context_keys_are_the_documented_names() -> None:
         "efa_fsx",
         "admin_role_arn",
         "budget_email",
+        "budget_usd",
     )
 
 

@@ -23,7 +23,13 @@ def preview_app(projects: tuple[str, ...], outdir: Path) -> cdk.App:
     app = cdk.App(context=context_with({}), outdir=str(outdir))
     for project in projects:
         config = parse_config(
-            {"preview": project, "ttl_hours": "24", "budget_email": "ml@example.com"}, now=NOW
+            {
+                "preview": project,
+                "ttl_hours": "24",
+                "budget_email": "ml@example.com",
+                "budget_usd": "1200",
+            },
+            now=NOW,
         )
         build_platform(app, config)
     return app
@@ -109,6 +115,7 @@ def test_budget_alerts_at_50_80_100(two_previews: dict[str, dict[str, Any]]) -> 
         if r["Type"] == "AWS::Budgets::Budget"
     ]
     assert budget["Budget"]["CostFilters"] == {"TagKeyValue": ["user:trn-platform:preview$alpha"]}
+    assert budget["Budget"]["BudgetLimit"] == {"Amount": 1200, "Unit": "USD"}
     thresholds = [n["Notification"]["Threshold"] for n in budget["NotificationsWithSubscribers"]]
     assert thresholds == [50, 80, 100]
     for notification in budget["NotificationsWithSubscribers"]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +224,20 @@ def test_access_denied_on_upload_is_one_line(
 def test_parts_below_the_s3_minimum_are_refused(s3: Any) -> None:
     with pytest.raises(TrnctlError, match="--part-size-mib 4 is below S3's minimum of 5"):
         data.upload_all(s3, [], data.S3Prefix(BUCKET, ""), part_mib=4)
+
+
+def test_staging_needs_numpy_but_not_torch(tmp_path: Path) -> None:
+    # The ops CLI installs without torch (requirements.txt); shard writing must not import it.
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np, trnctl.data\n"
+        "from trainer import data\n"
+        f"data.write_dataset(__import__('pathlib').Path({str(tmp_path)!r}), "
+        "[np.arange(1000, dtype=np.uint16)], vocab_size=50304, tokenizer='t', shard_tokens=400)\n"
+        f"data.open_dataset({str(tmp_path)!r}, verify=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(list(tmp_path.glob("*.bin"))) == 3

@@ -17,9 +17,12 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"TRNSHRD1"
 FORMAT_VERSION = 1
@@ -236,5 +239,8 @@ class WindowSampler:
         rows = np.empty((self.micro_batch, span), dtype=np.int64)
         for i, (s, o) in enumerate(zip(shard_ids, offsets, strict=True)):
             rows[i] = self.dataset.shards[s][o : o + span]
+        # Imported here: trnctl data stage writes shards with this module and needs no torch.
+        import torch
+
         t = torch.from_numpy(rows)
         return t[:, :-1], t[:, 1:]
