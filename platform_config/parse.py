@@ -280,30 +280,42 @@ def _fsx(reader: _Reader, profile: Profile, instance_type: str) -> FsxSettings:
     return settings
 
 
-def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
-    ttl = reader.integer("ttl_hours", None, 1, MAX_TTL_HOURS)
+def _preview_integer(
+    reader: _Reader, preview: str | None, key: str, default: int, high: int, purpose: str
+) -> int | None:
+    """A whole number from 1 to ``high`` that only a preview takes (``default`` there)."""
+    value = reader.integer(key, None, 1, high)
     if preview is None:
         reader.check(
-            reader.raw("ttl_hours") is None,
-            "ttl_hours",
-            reader.raw("ttl_hours"),
-            "only used with preview=<project>; dev and prod environments do not expire",
+            reader.raw(key) is None,
+            key,
+            reader.raw(key),
+            f"only used with preview=<project>; {purpose}",
         )
         return None
-    return DEFAULT_TTL_HOURS if ttl is None else ttl
+    return default if value is None else value
+
+
+def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
+    return _preview_integer(
+        reader,
+        preview,
+        "ttl_hours",
+        DEFAULT_TTL_HOURS,
+        MAX_TTL_HOURS,
+        "dev and prod environments do not expire",
+    )
 
 
 def _budget_usd(reader: _Reader, preview: str | None) -> int | None:
-    amount = reader.integer("budget_usd", None, 1, MAX_BUDGET_USD)
-    if preview is None:
-        reader.check(
-            reader.raw("budget_usd") is None,
-            "budget_usd",
-            reader.raw("budget_usd"),
-            "only used with preview=<project>; it is the preview's monthly cost budget",
-        )
-        return None
-    return DEFAULT_BUDGET_USD if amount is None else amount
+    return _preview_integer(
+        reader,
+        preview,
+        "budget_usd",
+        DEFAULT_BUDGET_USD,
+        MAX_BUDGET_USD,
+        "it is the preview's monthly cost budget",
+    )
 
 
 def _budget_email(reader: _Reader, preview: str | None) -> str | None:
