@@ -128,8 +128,9 @@ def run(eks: Any, kubernetes_version: str = versions.KUBERNETES_VERSION) -> list
     checks: list[Check] = []
     for pin in versions.ADDONS:
         offer = offered(eks, pin.name, kubernetes_version)
-        config = None
-        if not version_problem(pin, offer, kubernetes_version):
-            config = configuration(eks, pin.name, pin.version)
+        # EKS describes the configuration of offered versions only.
+        config = (
+            configuration(eks, pin.name, pin.version) if pin.version in offer.versions else None
+        )
         checks.append(check(pin, offer, config, kubernetes_version))
     return checks

@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 POLL_SECONDS = 15
+# The expires-at tag's format (ISO-8601, UTC, to the second).
+EXPIRY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # Leave room to hand over to a fresh invocation before Lambda's timeout.
 HANDOVER_MS = 60_000
 
@@ -31,12 +33,9 @@ class DeletionFailed(RuntimeError):
 
 def refusal(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> str | None:
     """Why ``stack`` must not be deleted, or None when it may."""
-    tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
-    project = tags.get(event["tags"]["preview"])
+    project, expires, expiry = _preview_tags(stack, event)
     if project != event["project"]:
         return f"tag {event['tags']['preview']} is {project!r}, not {event['project']!r}"
-    expires = tags.get(event["tags"]["expires_at"], "")
-    expiry = _expiry(expires)
     if expiry is None:
         return f"tag {event['tags']['expires_at']} {expires!r} is not an ISO-8601 UTC time"
     if expiry > now:
@@ -46,18 +45,24 @@ def refusal(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> str 
 
 def later_expiry(stack: dict[str, Any], event: dict[str, Any], now: datetime) -> datetime | None:
     """The expiry of a stack of this preview that has not come yet, else None."""
+    project, _, expiry = _preview_tags(stack, event)
+    if project != event["project"] or expiry is None:
+        return None
+    return expiry if expiry > now else None
+
+
+def _preview_tags(
+    stack: dict[str, Any], event: dict[str, Any]
+) -> tuple[str | None, str, datetime | None]:
+    """The stack's preview tag, its expiry tag as written, and that expiry parsed (None when it
+    is not an ISO-8601 UTC time)."""
     tags = {t["Key"]: t["Value"] for t in stack.get("Tags", [])}
-    if tags.get(event["tags"]["preview"]) != event["project"]:
-        return None
-    expiry = _expiry(tags.get(event["tags"]["expires_at"], ""))
-    return expiry if expiry is not None and expiry > now else None
-
-
-def _expiry(text: str) -> datetime | None:
+    expires = tags.get(event["tags"]["expires_at"], "")
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        expiry = datetime.strptime(expires, EXPIRY_FORMAT).replace(tzinfo=UTC)
     except ValueError:
-        return None
+        expiry = None
+    return tags.get(event["tags"]["preview"]), expires, expiry
 
 
 def reap(
@@ -87,7 +92,7 @@ def reap(
         later = later_expiry(stack, event, now)
         if later is not None:
             reschedule(later)
-            when = later.strftime("%Y-%m-%dT%H:%M:%SZ")
+            when = later.strftime(EXPIRY_FORMAT)
             return {"status": "rescheduled", "deleted": deleted, "stack": name, "until": when}
         if reason:
             return {"status": "stopped", "deleted": deleted, "stack": name, "reason": reason}

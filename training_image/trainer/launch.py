@@ -23,6 +23,8 @@ from types import FrameType
 
 from trainer import stacks
 
+# The instance type a job's environment names in TRN_INSTANCE_TYPE, where it names none.
+DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
 # torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
@@ -104,7 +106,7 @@ def stack_problem(env: Mapping[str, str]) -> str | None:
     ``NEURON_STACK``, or TorchNeuron (native) on Trainium1, which only the xla stack supports."""
     try:
         stack = stacks.of(env)
-        stacks.check_instance(stack, env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge"))
+        stacks.check_instance(stack, env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
     except (ValueError, KeyError) as error:  # KeyError: trn_catalog.UnknownInstanceTypeError
         return str(error)
     return None
@@ -126,7 +128,7 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
         return int(env["NPROC_PER_NODE"])
     import trn_catalog
 
-    spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge"))
+    spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
     lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc)))
     return spec.neuron_cores // lnc
 
@@ -168,7 +170,7 @@ def torchrun_argv(
 ) -> list[str]:
     """:func:`torchrun_prefix` running the trainer on ``TRN_INSTANCE_TYPE`` with the stack's
     device (:func:`stack_device_args`); ``train_args`` come last and win."""
-    instance = env.get("TRN_INSTANCE_TYPE", "trn3.48xlarge")
+    instance = env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE)
     return [
         *torchrun_prefix(env, shutdown_flag=shutdown_flag),
         *["-m", "trainer", "run", "--instance-type", instance],
