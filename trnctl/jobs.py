@@ -4,7 +4,9 @@ reading their status back. Pure functions: no AWS or Kubernetes calls here (see
 
 The runtime already carries everything per node that the catalog decides (all Neuron devices
 and EFA interfaces, huge pages, FSx and S3 mounts, compile cache, the service account), so a
-TrainJob names the runtime and sets only the image, the trainer's arguments and the node count.
+TrainJob names the runtime and sets only the image, the trainer's arguments, the node count and
+the ranks per node (one per logical NeuronCore: Trainer 2.3.0 otherwise hands torchrun the pod's
+CPU request).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+import trn_catalog
 from trn_catalog import crds
 from trn_catalog import workspace as ws
 from trn_catalog.instances import InstanceSpec
@@ -119,7 +122,8 @@ def render(
     command: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema.
+    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema,
+    with one rank per logical NeuronCore of the environment's instance type.
 
     Args:
         name: the job's name (checked with :func:`validate_name`).
@@ -132,13 +136,18 @@ def render(
         labels: extra labels on the TrainJob.
 
     Raises:
-        TrnctlError: USAGE for a bad name or node count; FAILED if the result breaks the
-            TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
+        TrnctlError: USAGE for a bad name or node count; FAILED for an instance type outside the
+            catalog, or if the result breaks the TrainJob schema (a bug here, or a schema the
+            cluster's chart no longer matches).
     """
     validate_name(name)
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
-    trainer: dict[str, Any] = {"image": image or outputs.image_uri, "numNodes": nodes}
+    trainer: dict[str, Any] = {
+        "image": image or outputs.image_uri,
+        "numNodes": nodes,
+        "numProcPerNode": ranks_per_node(outputs),
+    }
     if command is not None:
         trainer["command"] = list(command)
     trainer["args"] = list(args)
@@ -163,6 +172,21 @@ def render(
     return job
 
 
+def ranks_per_node(outputs: EnvironmentOutputs) -> int:
+    """The TrainJob's ``numProcPerNode``: the catalog's logical NeuronCores of the environment's
+    instance type.
+
+    Raises:
+        TrnctlError: FAILED, the instance type is not in the catalog.
+    """
+    try:
+        return trn_catalog.get(outputs.instance_type).logical_neuron_cores
+    except trn_catalog.UnknownInstanceTypeError as error:
+        raise TrnctlError(
+            f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
+        ) from None
+
+
 def check_schema(job: Mapping[str, Any]) -> None:
     """Validates ``job`` against the TrainJob schema kept in the catalog.
 
@@ -182,10 +206,10 @@ def check_schema(job: Mapping[str, Any]) -> None:
 
 
 def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
-    """How the cluster's ``neuron-torch`` runtime differs from the catalog entry ``spec``: the
-    Neuron devices, EFA interfaces and huge pages its node container asks for, and its ranks per
-    node. Empty when they agree (or the runtime targets another type: see its nodeSelector)."""
-    problems: list[str] = []
+    """How the cluster's ``neuron-torch`` runtime differs from what jobs on ``spec`` need under
+    the pinned Trainer release: its torch policy, the trainer job's ancestor label, and the
+    instance type, Neuron devices, EFA interfaces and huge pages its node container asks for.
+    (Ranks per node are the TrainJob's own since Trainer 2.2.0.) Empty when they agree."""
     try:
         (replicated,) = [
             r
@@ -197,6 +221,19 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
     except (KeyError, TypeError, ValueError):
         node = ws.TRAINER_CONTAINER
         return [f"it has no {node!r} replicated job with a {node!r} container"]
+    problems: list[str] = []
+    if (runtime["spec"].get("mlPolicy") or {}).get("torch") is None:
+        problems.append("no mlPolicy.torch (Kubeflow would not hand torchrun its rendezvous)")
+    labels = (replicated["template"].get("metadata") or {}).get("labels") or {}
+    if labels.get(ws.TRAINER_ANCESTOR_LABEL) != ws.TRAINER_ANCESTOR:
+        problems.append(
+            f"its {ws.TRAINER_CONTAINER!r} job lacks the label "
+            f"{ws.TRAINER_ANCESTOR_LABEL}={ws.TRAINER_ANCESTOR} (a TrainJob's image, nodes "
+            "and ranks would not reach it)"
+        )
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    if env.get("TRN_INSTANCE_TYPE") != spec.name:
+        problems.append(f"TRN_INSTANCE_TYPE {env.get('TRN_INSTANCE_TYPE')} (catalog: {spec.name})")
     limits = (container.get("resources") or {}).get("limits") or {}
     wanted = {
         "aws.amazon.com/neuron": spec.chips,
@@ -207,9 +244,6 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
             problems.append(f"{resource} {limits.get(resource)} (catalog: {count})")
     if "hugepages-2Mi" not in limits:
         problems.append("no hugepages-2Mi (EFA needs them)")
-    procs = ((runtime["spec"].get("mlPolicy") or {}).get("torch") or {}).get("numProcPerNode")
-    if procs != spec.logical_neuron_cores:
-        problems.append(f"numProcPerNode {procs} (catalog: {spec.logical_neuron_cores})")
     return problems
 
 

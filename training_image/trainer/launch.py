@@ -121,16 +121,42 @@ def prepare_cache(env: Mapping[str, str]) -> None:
 
 
 def ranks_per_node(env: Mapping[str, str]) -> int:
-    """``NPROC_PER_NODE`` if set, else one rank per logical NeuronCore of ``TRN_INSTANCE_TYPE``
-    (default trn3.48xlarge; the logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on
-    Trn2/Trn3, 1 on Trn1)."""
-    if "NPROC_PER_NODE" in env:
-        return int(env["NPROC_PER_NODE"])
+    """One rank per logical NeuronCore of ``TRN_INSTANCE_TYPE`` from the instance catalog (the
+    logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on Trn2/Trn3, 1 on Trn1).
+
+    In a job the catalog wins over ``NPROC_PER_NODE`` / ``PET_NPROC_PER_NODE``: Kubeflow Trainer
+    2.3.0 sets the latter to the pod's CPU request (184 on trn2.48xlarge) when the TrainJob names
+    no ``numProcPerNode``, or to ``auto`` with GPUs. A contradicting value is overridden with a
+    note on stderr. Without ``TRN_INSTANCE_TYPE`` (a run outside the platform, on CPU) a whole
+    ``NPROC_PER_NODE`` is taken as it is; anything else falls back to the catalog's count for
+    trn3.48xlarge, again with a note.
+
+    Raises:
+        ValueError: ``NEURON_LOGICAL_NC_CONFIG`` does not divide the type's NeuronCores.
+        KeyError: ``TRN_INSTANCE_TYPE`` is not in the catalog
+            (``trn_catalog.UnknownInstanceTypeError``).
+    """
+    variable = "NPROC_PER_NODE" if "NPROC_PER_NODE" in env else "PET_NPROC_PER_NODE"
+    given = env.get(variable)
+    if "TRN_INSTANCE_TYPE" not in env and given is not None and given.isdigit() and int(given):
+        return int(given)
     import trn_catalog
 
     spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
-    lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc)))
-    return spec.neuron_cores // lnc
+    lnc_text = env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc))
+    if not (lnc_text.isdigit() and int(lnc_text) and spec.neuron_cores % int(lnc_text) == 0):
+        raise ValueError(
+            f"NEURON_LOGICAL_NC_CONFIG {lnc_text!r} does not divide the {spec.neuron_cores} "
+            f"NeuronCores of {spec.name}; use 1 or 2"
+        )
+    ranks = spec.neuron_cores // int(lnc_text)
+    if given is not None and given != str(ranks):
+        print(
+            f"launch: {spec.name} has {ranks} logical NeuronCores (NEURON_LOGICAL_NC_CONFIG="
+            f"{lnc_text}); running {ranks} ranks per node, not {variable}={given}",
+            file=sys.stderr,
+        )
+    return ranks
 
 
 def torchrun_prefix(env: Mapping[str, str], *, shutdown_flag: bool = False) -> list[str]:
