@@ -216,7 +216,7 @@ def test_neuron_chart_values(dev: Synth) -> None:
     assert "trn3.48xlarge" in values["neuronInstances"]
 
 
-@pytest.mark.parametrize("variant", ["dev", "prod", "capacity-block"])
+@pytest.mark.parametrize("variant", ["dev", "odcr"])
 def test_the_neuron_scheduler_is_off_by_default(
     synth_variant: Callable[[str], Synth], variant: str
 ) -> None:
@@ -603,12 +603,22 @@ def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> N
         neuron_cluster(**overrides)
 
 
-def test_neuron_scheduler_at_the_control_plane_version_when_asked() -> None:
-    built = neuron_cluster(neuron_scheduler_tag="v1.35.2-eks-1-35-7")
-    template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
+@pytest.fixture(scope="module")
+def custom_cluster() -> dict[str, Any]:
+    """The template of a NeuronCluster built with the props the platform leaves at default."""
+    built = neuron_cluster(
+        public_endpoint_cidrs=["203.0.113.0/24"], neuron_scheduler_tag="v1.35.2-eks-1-35-7"
+    )
+    template: dict[str, Any] = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
+    return template
+
+
+def test_neuron_scheduler_at_the_control_plane_version_when_asked(
+    custom_cluster: dict[str, Any],
+) -> None:
     (neuron,) = [
         r["Properties"]
-        for r in template["Resources"].values()
+        for r in custom_cluster["Resources"].values()
         if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Release"] == "neuron"
     ]
     scheduler = json.loads(neuron["Values"])["scheduler"]
@@ -620,10 +630,10 @@ def test_neuron_scheduler_at_the_control_plane_version_when_asked() -> None:
     assert scheduler["customScheduler"]["nodeSelector"] == {"trn-platform/node-type": "system"}
 
 
-def test_public_endpoint_only_from_listed_cidrs() -> None:
-    built = neuron_cluster(public_endpoint_cidrs=["203.0.113.0/24"])
-    template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
-    (cluster,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"]
+def test_public_endpoint_only_from_listed_cidrs(custom_cluster: dict[str, Any]) -> None:
+    (cluster,) = [
+        r for r in custom_cluster["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"
+    ]
     vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
     assert vpc_config["EndpointPublicAccess"] is True
     assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24"]
