@@ -128,11 +128,13 @@ def test_native_stack_leaves_casting_to_torch_autocast() -> None:
     assert "--auto-cast=none" in env["NEURON_CC_FLAGS"].split()
 
 
-def test_xla_stack_lets_the_compiler_cast_matmuls_to_bf16() -> None:
-    """The XLA backend does not autocast: with --auto-cast=none its matmuls would run in FP32."""
+def test_xla_stack_asks_the_compiler_to_cast_matmuls_to_bf16() -> None:
+    """The XLA backend does not autocast, and neuronx-cc's --auto-cast defaults to none since
+    Neuron 2.27: without the flag its matmuls would run in FP32."""
     env = launch.job_environment({"NEURON_STACK": "xla"}, compiler="x", kernel_release="6.1")
-    assert "--auto-cast" not in env["NEURON_CC_FLAGS"]
-    assert "--model-type" in env["NEURON_CC_FLAGS"].split()
+    flags = env["NEURON_CC_FLAGS"].split()
+    assert "--auto-cast=matmult" in flags and "--auto-cast-type=bf16" in flags
+    assert "--model-type" in flags
 
 
 def test_compile_cache_is_keyed_by_compiler_version_and_flags() -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from trainer import validate_node
 
@@ -166,3 +170,48 @@ def test_what_trnctl_parses_is_what_the_program_prints(tmp_path: Path) -> None:
     )
 
     assert validation.parse(f"noise\n{line}\n") == json.loads(line)
+
+
+def test_the_timed_window_runs_the_all_reduce_on_a_lazy_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On XLA an all-reduce only queues a graph: it runs at the step mark. Each all-reduce is
+    followed by the step mark and the wait for the device before the clock is read again, so
+    the time is the transfer's; the fill before it is marked before the clock starts."""
+    import torch.distributed as dist
+
+    from trainer import device
+
+    events: list[str] = []
+    real_all_reduce, real_clock = dist.all_reduce, validate_node.time.perf_counter
+
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append("all_reduce")
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def clock() -> float:
+        events.append("clock")
+        return real_clock()
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(validate_node.time, "perf_counter", clock)
+    monkeypatch.setattr(device.Backend, "step_boundary", lambda self: events.append("mark"))
+    monkeypatch.setattr(device.Backend, "synchronize", lambda self: events.append("wait"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    ).items():
+        monkeypatch.setenv(name, value)
+
+    result = validate_node.allreduce(1, 3, "cpu")
+
+    assert result["allreduce_ok"] is True
+    rounds = [i for i, e in enumerate(events) if e == "all_reduce"][:4]  # warm-up and 3 timed
+    assert len(rounds) == 4
+    for i in rounds:
+        assert events[i - 3 : i] == ["mark", "wait", "clock"]  # the fill ran before the clock
+        assert events[i + 1 : i + 3] == ["mark", "wait"]  # the transfer ran inside the window
+    for i in rounds[1:]:
+        assert events[i + 3] == "clock"

@@ -89,19 +89,32 @@ def open_dataset_per_node(
     return dataset if dataset is not None else open_dataset(root, verify=False)
 
 
+def _num_params(cfg: TrainConfig) -> int:
+    """The preset's parameter count, from a model on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        return GPT(cfg.model).num_params()
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Trains ``cfg.preset`` until ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
-        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, or
-            a device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1).
+        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, a
+            device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), or a plan it
+            cannot train (see :meth:`trainer.device.Backend.check_plan`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
     """
     cfg.validate()
     ranks = parallel.ranks_from_env()
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
+    backend.check_plan(
+        strategy=cfg.parallelism,
+        preset=cfg.preset,
+        num_params=_num_params(cfg),
+        instance_type=cfg.instance_type,
+    )
     parallel.init(ranks, backend.dist_backend)
     backend.start()  # after the process group: see Backend.start
     control = parallel.control_group(ranks)
@@ -125,8 +138,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     torch.manual_seed(cfg.seed)
     gpt = GPT(cfg.model)
     flops_per_token = gpt.flops_per_token()
-    model = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend.device)
-    forward = backend.compile(model)
+    model, forward = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend)
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
 
     checkpointer = (
@@ -146,9 +158,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         if name is not None:
             start = checkpointer.resume(str(name), model, optimizer, verify=False)
 
-    peak = cfg.peak_flops or backend.peak_flops(
-        instance_type=cfg.instance_type, local_world_size=ranks.local_world_size
-    )
+    peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
+    precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",
@@ -202,6 +213,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         "grad_norm": float(grad_norm),
                         "tokens_per_s": tokens_per_s,
                         "mfu": mfu(tokens_per_s / ranks.world_size, flops_per_token, peak),
+                        "precision": precision,
                         "step_time_s": elapsed / logged_steps,
                         "tokens": step * tokens_per_step,
                     }
