@@ -66,8 +66,11 @@ def job_environment(
     ``FI_EFA_USE_DEVICE_RDMA=1`` so collectives use EFA with device RDMA rather than silently
     falling back to TCP; ``FI_EFA_FORK_SAFE=1`` only on kernels older than 5.15;
     ``NEURON_CC_FLAGS`` (default: the stack's, see :mod:`trainer.stacks`);
-    ``MALLOC_ARENA_MAX=64``; and, with several nodes,
-    ``NEURON_RT_ROOT_COMM_ID=<MASTER_ADDR>:<MASTER_PORT + 1>``. Always rewrites the compile cache
+    ``MALLOC_ARENA_MAX=64``. Leaves ``NEURON_RT_ROOT_COMM_ID`` (the Neuron runtime's collectives
+    bootstrap address) to the framework unless the job sets it: TorchNeuron's process group has
+    rank 0 pick a free port on ``MASTER_ADDR`` and share it through torch.distributed's store,
+    and the PyTorch/XLA Neuron plugin uses ``MASTER_ADDR`` with its own fixed port, whereas a
+    port guessed from ``MASTER_PORT`` can be taken. Always rewrites the compile cache
     variable of the image's stack (``TORCH_NEURONX_NEFF_CACHE_DIR`` for native,
     ``NEURON_COMPILE_CACHE_URL`` for xla; base: the job's value or the stack's default) to the
     key of :func:`compile_cache_url`, keeping the base in the stack's base variable.
@@ -88,9 +91,6 @@ def job_environment(
         env.setdefault("FI_EFA_FORK_SAFE", "1")
     env.setdefault("NEURON_CC_FLAGS", stack.cc_flags)
     env.setdefault("MALLOC_ARENA_MAX", "64")
-    if int(env.get("NNODES", "1")) > 1:
-        port = int(env.get("MASTER_PORT", "29500")) + 1
-        env.setdefault("NEURON_RT_ROOT_COMM_ID", f"{env['MASTER_ADDR']}:{port}")
     base = (
         env.get(stack.cache_base_variable) or env.get(stack.cache_variable) or stack.default_cache
     )
