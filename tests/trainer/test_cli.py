@@ -44,3 +44,8 @@ def test_run_validates_before_training(tmp_path: Path) -> None:
         cli.main(["run", "--data", str(tmp_path), "--checkpoint-every", "5"])
     with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
         cli.main(["run", "--data", str(tmp_path), "--max-steps", "0"])
+
+
+def test_verify_data_is_off_unless_asked() -> None:
+    assert cli._parser().parse_args(["run", "--data", "d"]).verify_data is False
+    assert cli._parser().parse_args(["run", "--data", "d", "--verify-data"]).verify_data is True

@@ -1,10 +1,12 @@
+import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from trainer import data
+from trainer import data, parallel
+from trainer.loop import open_dataset_per_node
 
 
 @pytest.fixture()
@@ -88,3 +90,37 @@ def test_corpus_is_byte_tokenized(corpus_dir: Path) -> None:
 def test_token_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="token id 70000 does not fit uint16"):
         data.write_shard(tmp_path / "s.bin", np.array([70_000]), np.dtype("<u2"))
+
+
+def test_the_dataset_carries_its_manifest_sha256(numbered: Path) -> None:
+    manifest = numbered / data.MANIFEST
+    first = data.open_dataset(numbered).manifest_sha256
+    assert first == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    manifest.write_text(manifest.read_text().replace('"tokenizer": "test"', '"tokenizer": "t2"'))
+    assert data.open_dataset(numbered).manifest_sha256 != first
+
+
+def test_training_checks_headers_and_sizes_and_hashes_only_on_request(
+    numbered: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards were hashed when staged: a restart reads 32 bytes and a size per shard, not the
+    whole dataset, unless asked to (``--verify-data``)."""
+    hashed: list[str] = []
+    real = data._sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return str(real(path))
+
+    monkeypatch.setattr(data, "_sha256", counting)
+    one = parallel.Ranks()
+
+    assert open_dataset_per_node(str(numbered), one, None, verify=False).num_tokens == 3000
+    assert hashed == []
+    open_dataset_per_node(str(numbered), one, None, verify=True)
+    assert hashed == ["shard_00000.bin", "shard_00001.bin"]
+
+    shard = numbered / "shard_00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(data.ShardError, match=r"shard_00001\.bin: holds"):
+        open_dataset_per_node(str(numbered), one, None, verify=False)

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         help="after the first step, a recompile is an error",
     )
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    run.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="re-hash every shard against the manifest (once per node) before training; "
+        "by default the manifest, headers and sizes are checked",
+    )
 
     rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
     rep.add_argument("metrics")
