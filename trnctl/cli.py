@@ -289,6 +289,7 @@ def data_stage(
         workdir = work_dir if work_dir is not None else Path(scratch)
         manifest = data.build_shards(source, workdir, shard_tokens=shard_tokens)
         items = data.uploads(workdir, manifest, location)
+        digest = data.manifest_sha256(workdir)
         todo = data.pending(s3, items, location)
         progress_console = Console(stderr=True)
         with Progress(
@@ -313,7 +314,7 @@ def data_stage(
     _console().print(
         f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {len(files)} files) at "
         f"{location}: uploaded {len(todo)}, skipped {len(items) - len(todo)} "
-        "already intact",
+        f"already intact; manifest sha256 {digest}",
         soft_wrap=True,
     )
 
