@@ -465,6 +465,14 @@ def job_submit(
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
     log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
+    precompile: Annotated[
+        bool,
+        typer.Option(
+            "--precompile",
+            help="First run `trn-train compile` on the nodes (a few steps, nothing saved) to "
+            "fill the shared compile cache, after checking host memory; then train.",
+        ),
+    ] = False,
     name: NameOption = None,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
@@ -493,6 +501,7 @@ def job_submit(
         args=args.argv(job_name),
         image=image,
         labels={jobs.PRESET_LABEL: preset},
+        env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
     )
     if dry_run:
         typer.echo(jobs.to_yaml(job), nl=False)

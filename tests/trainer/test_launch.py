@@ -248,16 +248,11 @@ def test_precompile_pass_overrides_steps_and_outputs(stack: str, prefix: str) ->
         ["--max-steps", "1000", "--checkpoint-dir", "/fsx/ck", "--checkpoint-every", "50"],
     )
     assert argv[0] == prefix
-    args = argv[argv.index("run") + 1 :]
-    from trainer.cli import _parser
+    args = argv[argv.index("compile") + 1 :]
+    from trainer.cli import _parser, compile_config
 
-    parsed = _parser().parse_args(["run", "--data", "d", *args])
-    assert (parsed.max_steps, parsed.checkpoint_dir, parsed.checkpoint_every, parsed.metrics) == (
-        2,
-        "",
-        0,
-        "",
-    )
+    cfg = compile_config(_parser().parse_args(["compile", "--data", "d", *args]))
+    assert (cfg.max_steps, cfg.checkpoint_dir, cfg.checkpoint_every, cfg.metrics) == (2, "", 0, "")
 
 
 @pytest.mark.parametrize(("stack", "device"), [("native", "neuron"), ("xla", "xla")])

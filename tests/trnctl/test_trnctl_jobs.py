@@ -256,3 +256,20 @@ def test_runtime_drift_names_a_wrong_efa_count() -> None:
     assert jobs.runtime_drift({"spec": {}}, spec) == [
         "it has no 'node' replicated job with a 'node' container"
     ]
+
+
+def test_precompile_sets_the_entrypoints_variable(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    """--precompile has each node's entrypoint run `trn-train compile` before the run; without
+    it the TrainJob carries no env of its own."""
+    base = ["job", "submit", "--env", "trn-dev", "--preset", "tiny", "--data", "d", "--dry-run"]
+
+    job = yaml.safe_load(trnctl(*base, "--precompile").stdout)
+    plain = yaml.safe_load(trnctl(*base).stdout)
+
+    from trainer import launch
+
+    assert job["spec"]["trainer"]["env"] == [{"name": launch.PRECOMPILE_ENV, "value": "1"}]
+    assert "env" not in plain["spec"]["trainer"]
+    jobs.check_schema(job)
