@@ -1,4 +1,8 @@
 import hashlib
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +128,53 @@ def test_training_checks_headers_and_sizes_and_hashes_only_on_request(
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(data.ShardError, match=r"shard_00001\.bin: holds"):
         open_dataset_per_node(str(numbered), one, None, verify=False)
+
+
+OPEN_PER_RANK = """
+import json, sys
+from pathlib import Path
+from trainer import data, loop, parallel
+
+ranks = parallel.ranks_from_env()
+parallel.init(ranks, "gloo")
+control = parallel.control_group(ranks)
+root = sys.argv[2 + ranks.rank]  # as if each rank's node mounted its own copy
+try:
+    result = {"tokens": loop.open_dataset_per_node(root, ranks, control, verify=False).num_tokens}
+except data.ShardError as error:
+    result = {"error": str(error)}
+(Path(sys.argv[1]) / f"rank-{ranks.rank}.json").write_text(json.dumps(result))
+parallel.shutdown()
+"""
+
+
+def test_a_short_shard_on_one_rank_stops_every_rank(
+    numbered: Path, tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Without a full re-hash each rank checks headers and sizes itself, and the ranks still
+    agree: a shard that is short where one rank reads it stops the other at once too, instead
+    of leaving it in a collective until the timeout."""
+    short = tmp_path / "short"
+    shutil.copytree(numbered, short)
+    shard = short / "shard_00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    script = tmp_path / "open.py"
+    script.write_text(OPEN_PER_RANK)
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run(
+        [*torchrun, str(script), str(tmp_path), str(numbered), str(short)],
+        env=trainer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert first == {
+        "error": f"shard {numbered}: failed its checks on another rank (see that rank's log)"
+    }
+    assert "shard_00001.bin: holds" in second["error"]

@@ -69,18 +69,18 @@ def open_dataset_per_node(
     recorded in each checkpoint). With ``verify``, also every shard's SHA-256, once per node:
     local rank 0 reads the whole dataset while the node's other ranks wait. Per node rather
     than on rank 0 alone because each node reads through its own mount (Mountpoint S3, the
-    Lustre client), so that a node's mount serving wrong bytes is caught there.
+    Lustre client), so that a node's mount serving wrong bytes is caught there. Either way the
+    ranks then agree, so that a problem on one node stops every rank at once rather than
+    leaving the others waiting in a collective.
 
     Raises:
         trainer.data.ShardError: a shard or the manifest is wrong, on this node or another.
     """
-    if not verify:
-        return open_dataset(root, verify=False)
     problem: ShardError | None = None
     dataset = None
-    if ranks.local_rank == 0:
+    if not verify or ranks.local_rank == 0:
         try:
-            dataset = open_dataset(root, verify=True)
+            dataset = open_dataset(root, verify=verify)
         except ShardError as error:
             problem = error
     # Also the barrier: no rank opens the data before every node has verified it.
@@ -88,7 +88,8 @@ def open_dataset_per_node(
     if problem is not None:
         raise problem
     if failed:
-        raise ShardError(root, "failed its checks on a node's local rank 0 (see that rank's log)")
+        where = "a node's local rank 0" if verify else "another rank"
+        raise ShardError(root, f"failed its checks on {where} (see that rank's log)")
     return dataset if dataset is not None else open_dataset(root, verify=False)
 
 
