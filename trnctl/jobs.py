@@ -38,6 +38,9 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PRESET_LABEL = "trn-platform/preset"
+# The image's entrypoint runs `trn-train compile` (the job's flags, a few steps, into the shared
+# compile cache) before the run when this is "1" (trainer.launch).
+PRECOMPILE_ENV = "TRN_PRECOMPILE"
 PURPOSE_LABEL = "trn-platform/purpose"
 
 # DNS-1035 label (TrainJob and JobSet names). JobSet names each pod's hostname
@@ -121,6 +124,7 @@ def render(
     image: str | None = None,
     command: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema,
     with one rank per logical NeuronCore of the environment's instance type.
@@ -134,6 +138,8 @@ def render(
         image: the training image; default: the environment's.
         command: replaces the image's entrypoint (``trnctl validate`` runs its program so).
         labels: extra labels on the TrainJob.
+        env: environment variables for the training container (Kubeflow Trainer merges them
+            with the runtime's).
 
     Raises:
         TrnctlError: USAGE for a bad name or node count; FAILED for an instance type outside the
@@ -151,6 +157,8 @@ def render(
     if command is not None:
         trainer["command"] = list(command)
     trainer["args"] = list(args)
+    if env:
+        trainer["env"] = [{"name": k, "value": v} for k, v in env.items()]
     job = {
         "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
         "kind": KIND,

@@ -203,7 +203,8 @@ out = Path(sys.argv[1]) / f"rank-{ranks.rank}.jsonl"
 for root in sys.argv[2:]:
     hashed.clear()
     try:
-        result = {"tokens": loop.open_dataset_per_node(root, ranks, control).num_tokens}
+        dataset = loop.open_dataset_per_node(root, ranks, control, verify=True)
+        result = {"tokens": dataset.num_tokens}
     except data.ShardError as error:
         result = {"error": str(error)}
     result.update(root=root, local_rank=ranks.local_rank, hashed=len(hashed))

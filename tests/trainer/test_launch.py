@@ -42,16 +42,20 @@ def test_job_values_win_over_defaults() -> None:
     assert env["NEURON_CC_FLAGS"] == "-O1"
 
 
-def test_root_comm_id_for_several_nodes() -> None:
+def test_root_comm_id_is_left_to_the_framework() -> None:
+    """TorchNeuron picks a free port on MASTER_ADDR itself; MASTER_PORT + 1 may be taken. A value
+    the job sets is passed through."""
     env = launch.job_environment(MULTI_NODE, compiler="x", kernel_release="6.1")
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
+    assert "NEURON_RT_ROOT_COMM_ID" not in env
+    chosen = MULTI_NODE | {"NEURON_RT_ROOT_COMM_ID": "10.0.0.5:45000"}
+    env = launch.job_environment(chosen, compiler="x", kernel_release="6.1")
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:45000"
 
 
 def test_kubeflow_trainer_rendezvous_variables_are_understood() -> None:
     pet = {f"PET_{k}": v for k, v in MULTI_NODE.items()} | {"PET_NPROC_PER_NODE": "64"}
     env = launch.job_environment(pet, compiler="x", kernel_release="6.1")
     assert {k: env[k] for k in MULTI_NODE} == MULTI_NODE
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
     argv = launch.torchrun_argv(env, [])
     assert "--nnodes=4" in argv and "--node-rank=2" in argv and "--nproc-per-node=64" in argv
 
@@ -306,16 +310,11 @@ def test_precompile_pass_overrides_steps_and_outputs(stack: str, prefix: str) ->
         ["--max-steps", "1000", "--checkpoint-dir", "/fsx/ck", "--checkpoint-every", "50"],
     )
     assert argv[0] == prefix
-    args = argv[argv.index("run") + 1 :]
-    from trainer.cli import _parser
+    args = argv[argv.index("compile") + 1 :]
+    from trainer.cli import _parser, compile_config
 
-    parsed = _parser().parse_args(["run", "--data", "d", *args])
-    assert (parsed.max_steps, parsed.checkpoint_dir, parsed.checkpoint_every, parsed.metrics) == (
-        2,
-        "",
-        0,
-        "",
-    )
+    cfg = compile_config(_parser().parse_args(["compile", "--data", "d", *args]))
+    assert (cfg.max_steps, cfg.checkpoint_dir, cfg.checkpoint_every, cfg.metrics) == (2, "", 0, "")
 
 
 @pytest.mark.parametrize(("stack", "device"), [("native", "neuron"), ("xla", "xla")])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -237,10 +237,13 @@ def test_resume_maps_the_checkpoint_and_trains_without_it(
         device="cpu",
         compile="none",
         data=str(corpus_dir),
-        max_steps=2,
+        max_steps=4,
+        checkpoint_every=2,
         checkpoint_dir=str(tmp_path / "ck"),
     )
     train(cfg)
+    # As if stopped after step 2: the same run (same schedule) resumes there.
+    shutil.rmtree(tmp_path / "ck" / "step_00000004")
     stale = tmp_path / "ck" / ".staging-killed"
     stale.mkdir()
     (stale / "state.pt").write_bytes(b"\0" * 4096)
@@ -268,7 +271,7 @@ def test_resume_maps_the_checkpoint_and_trains_without_it(
 
     monkeypatch.setattr(torch, "load", load)
     monkeypatch.setattr(optim, "set_lr", set_lr)
-    result = train(dataclasses.replace(cfg, max_steps=4))
+    result = train(cfg)
 
     assert result.steps_done == 4
     assert [(k.get("map_location"), k.get("mmap")) for k in loads] == [("cpu", True)]

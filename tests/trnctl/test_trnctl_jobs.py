@@ -244,3 +244,20 @@ def test_submit_errors_are_one_line(
 
     assert run.exit_code == code
     assert run.stderr == line
+
+
+def test_precompile_sets_the_entrypoints_variable(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    """--precompile has each node's entrypoint run `trn-train compile` before the run; without
+    it the TrainJob carries no env of its own."""
+    base = ["job", "submit", "--env", "trn-dev", "--preset", "tiny", "--data", "d", "--dry-run"]
+
+    job = yaml.safe_load(trnctl(*base, "--precompile").stdout)
+    plain = yaml.safe_load(trnctl(*base).stdout)
+
+    from trainer import launch
+
+    assert job["spec"]["trainer"]["env"] == [{"name": launch.PRECOMPILE_ENV, "value": "1"}]
+    assert "env" not in plain["spec"]["trainer"]
+    jobs.check_schema(job)
