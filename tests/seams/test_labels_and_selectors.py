@@ -12,7 +12,7 @@ tolerated by exactly the pods meant for trn nodes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,13 +161,18 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, str]) -> bool:
     )
 
 
+def tolerated(pod: Placement, group: NodeGroup) -> bool:
+    """Whether ``pod`` tolerates every taint of ``group`` that keeps pods off."""
+    hard = [t for t in group.taints if t["effect"] in ("NoSchedule", "NoExecute")]
+    return all(any(tolerates(tol, taint) for tol in pod.tolerations) for taint in hard)
+
+
 def can_run(pod: Placement, group: NodeGroup) -> bool:
     if any(group.labels.get(key) != value for key, value in pod.node_selector.items()):
         return False
     if pod.instance_types is not None and group.labels[INSTANCE_TYPE] not in pod.instance_types:
         return False
-    hard = [t for t in group.taints if t["effect"] in ("NoSchedule", "NoExecute")]
-    return all(any(tolerates(tol, taint) for tol in pod.tolerations) for taint in hard)
+    return tolerated(pod, group)
 
 
 def _detokenized(value: Any) -> str:
@@ -263,9 +268,12 @@ def placements(synth: Synth) -> list[Placement]:
     return [*manifest_placements(synth), *chart_placements(synth), *addon_placements(synth)]
 
 
-@pytest.fixture(scope="module")
-def placed(dev: Synth) -> tuple[list[Placement], list[NodeGroup]]:
-    return placements(dev), node_groups(dev)
+@pytest.fixture(scope="module", params=["dev", "odcr"])  # trn3.48xlarge, trn1.32xlarge
+def placed(
+    request: pytest.FixtureRequest, synth_variant: Callable[[str], Synth]
+) -> tuple[list[Placement], list[NodeGroup]]:
+    synth = synth_variant(request.param)
+    return placements(synth), node_groups(synth)
 
 
 def test_the_platform_writes_the_pods_this_test_places(
@@ -291,6 +299,8 @@ def test_the_neuron_taint_admits_exactly_the_trn_pods(
     pods, groups = placed
     (trn,) = [g for g in groups if g.taints]
     assert {p.name for p in pods if can_run(p, trn)} == TRN_PODS
+    # Nothing else tolerates the taint, whatever its selector says today.
+    assert {p.name for p in pods if tolerated(p, trn)} == TRN_PODS
 
 
 def test_system_pods_select_the_system_group(
