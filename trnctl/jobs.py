@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema
@@ -311,9 +311,10 @@ class NodePod:
 
 
 def node_pods(pods: Sequence[Any]) -> list[NodePod]:
-    """Pods (``V1Pod``) of the node replicated job, by node index."""
+    """Pods (``V1Pod``) of the node replicated job, by node index; a node's attempts (the pods
+    a retry left) oldest first, by creation time, since their names end in a random suffix."""
     rows = []
-    for pod in pods:
+    for pod in sorted(pods, key=_created):
         labels = pod.metadata.labels or {}
         try:
             index = int(labels.get(JOB_INDEX_LABEL, ""))
@@ -338,4 +339,9 @@ def node_pods(pods: Sequence[Any]) -> list[NodePod]:
                 detail=detail,
             )
         )
-    return sorted(rows, key=lambda r: (r.index, r.name))
+    return sorted(rows, key=lambda r: r.index)  # stable: attempts stay in creation order
+
+
+def _created(pod: Any) -> datetime:
+    created: datetime | None = pod.metadata.creation_timestamp
+    return created or datetime.min.replace(tzinfo=UTC)

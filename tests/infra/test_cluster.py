@@ -9,6 +9,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
@@ -648,3 +649,27 @@ def test_trn_nodes_carry_the_lustre_clients_group(dev: Synth) -> None:
     for interface in template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]:
         groups = [json.dumps(group) for group in interface["Groups"]]
         assert len(groups) == 3 and sum("LustreClients" in g for g in groups) == 1
+
+
+def test_bring_your_own_secrets_key() -> None:
+    """An imported key encrypts Secrets; the cluster makes no key of its own."""
+    arn = "arn:aws:kms:us-east-2:123456789012:key/11111111-2222-3333-4444-555555555555"
+    stack = cdk.Stack(
+        cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    theirs = kms.Key.from_key_arn(stack, "Theirs", arn)
+    built = NeuronCluster(
+        stack,
+        "N",
+        props=NeuronClusterProps(
+            vpc=ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1),
+            kubectl_layer=KubectlV35Layer(stack, "Layer"),
+            secrets_key=theirs,
+        ),
+    )
+    template = cdk.assertions.Template.from_stack(stack).to_json()["Resources"]
+    (cluster,) = [r for r in template.values() if r["Type"] == "AWS::EKS::Cluster"]
+    (config,) = cluster["Properties"]["EncryptionConfig"]
+    assert config == {"Provider": {"KeyArn": arn}, "Resources": ["secrets"]}
+    assert built.secrets_key is theirs
+    assert not [r for r in template.values() if r["Type"] == "AWS::KMS::Key"]
