@@ -133,15 +133,22 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def test_an_s3_checkpoint_dir_saves_prunes_and_resumes(
     corpus_dir: Path, tmp_path: Path, s3: Any
 ) -> None:
-    flags = ("--checkpoint-dir", "s3://ckpt/runs/r1", "--checkpoint-every", "2")
-    flags += ("--keep-checkpoints", "1")
-    first = run(corpus_dir, tmp_path / "a", "--max-steps", "4", *flags)
+    flags = ("--max-steps", "6", "--checkpoint-dir", "s3://ckpt/runs/r1")
+    flags += ("--checkpoint-every", "2", "--keep-checkpoints", "2")
+    first = run(corpus_dir, tmp_path / "a", *flags)
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert keys == ["runs/r1/step_00000004/meta.json", "runs/r1/step_00000004/state.pt"]
+    assert keys == [
+        f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in ("meta.json", "state.pt")
+    ]
+    # A run stopped before its last save (a preemption): only step 4 is left to resume from.
+    for name in ("meta.json", "state.pt"):
+        s3.delete_object(Bucket="ckpt", Key=f"runs/r1/step_00000006/{name}")
 
-    resumed = run(corpus_dir, tmp_path / "b", "--max-steps", "6", *flags)
+    resumed = run(corpus_dir, tmp_path / "b", *flags)
 
-    assert [r["step"] for r in first] == [1, 2, 3, 4]
+    assert [r["step"] for r in first] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in resumed] == [5, 6]  # from the S3 checkpoint, not from step 0
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert keys == ["runs/r1/step_00000006/meta.json", "runs/r1/step_00000006/state.pt"]
+    assert keys == [
+        f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in ("meta.json", "state.pt")
+    ]
