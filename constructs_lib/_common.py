@@ -22,6 +22,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
+from trn_catalog.outputs import STACK_ONLY_TAGS
+
 RETENTION_DAYS: dict[int, logs.RetentionDays] = {
     1: logs.RetentionDays.ONE_DAY,
     3: logs.RetentionDays.THREE_DAYS,
@@ -219,9 +221,11 @@ def launch_template(
     """A launch template from raw CloudFormation ``LaunchTemplateData``, IMDSv2 with one hop.
 
     Raw keys, because the typed L1 silently drops keys it does not model (efa-only interfaces,
-    network card indexes). Instances and their volumes carry the stack's tags (a preview's tags
+    network card indexes). Instances and their volumes carry the stack's tags (a preview's tag
     among them, which its budget filters on) plus ``instance_tags``: tags on a node group do not
-    reach its instances.
+    reach its instances. The stack-only tags of :data:`trn_catalog.outputs.STACK_ONLY_TAGS` are
+    left out: tag specifications are part of the template version, and a new version makes EKS
+    replace every node of the node group.
     """
     template = ec2.CfnLaunchTemplate(scope, construct_id, launch_template_data={})
     template.add_property_override(
@@ -242,7 +246,8 @@ class _TagInstances:
     def visit(self, node: IConstruct) -> None:
         if not isinstance(node, ec2.CfnLaunchTemplate):
             return
-        tags = {**Stack.of(node).tags.tag_values(), **self.extra}
+        stack_tags = Stack.of(node).tags.tag_values()
+        tags = {k: v for k, v in stack_tags.items() if k not in STACK_ONLY_TAGS} | self.extra
         if tags:
             rendered = [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
             node.add_property_override(

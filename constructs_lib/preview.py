@@ -38,6 +38,8 @@ from constructs_lib._common import (
 from trn_catalog import formats
 from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
 
+# The resource type CDK gives a stack's own tags (those CloudFormation puts on the stack).
+STACK_TAGS = "aws:cdk:stack"
 REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
 ALERT_THRESHOLDS = (50, 80, 100)
 
@@ -67,13 +69,14 @@ class PreviewLifecycleProps:
 class PreviewLifecycle(Construct):
     """Makes a set of stacks a self-expiring preview environment.
 
-    Default settings: every stack is tagged ``trn-platform:preview=<project>`` and
-    ``trn-platform:expires-at=<ISO-8601 UTC>`` and refuses, at synth, any resource that asks to
-    be retained; a one-time EventBridge Scheduler schedule at expiry invokes a small function
-    that deletes the stacks newest first, each only if its tags match, and moves the schedule
-    to a later expiry tag when it finds one; an AWS Budgets budget on the preview tag alerts at
-    50, 80 and 100 percent to a KMS-encrypted SNS topic, which also hears of a deletion that
-    keeps failing and forwards both to ``alert_email`` when given.
+    Default settings: every stack and its resources are tagged
+    ``trn-platform:preview=<project>``, every stack (not its resources: the value moves at each
+    redeploy) ``trn-platform:expires-at=<ISO-8601 UTC>``; every stack refuses, at synth, any
+    resource that asks to be retained; a one-time EventBridge Scheduler schedule at expiry
+    invokes a small function that deletes the stacks newest first, each only if its tags
+    match, and moves the schedule to a later expiry tag when it finds one; an AWS Budgets budget
+    on the preview tag alerts at 50, 80 and 100 percent to a KMS-encrypted SNS topic, which also
+    hears of a deletion that keeps failing and forwards both to ``alert_email`` when given.
 
     The function may only describe and delete the preview's own stacks: CloudFormation deletes
     their resources with the service role each stack was deployed with (``cdk deploy`` uses the
@@ -96,7 +99,9 @@ class PreviewLifecycle(Construct):
         expires = props.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for stack in props.stacks:
             Tags.of(stack).add(TAG_PREVIEW, props.project)
-            Tags.of(stack).add(TAG_EXPIRES_AT, expires)
+            # On the stack only: the expiry moves at every redeploy, and a resource carrying it
+            # would change with it (a launch template would make EKS replace its nodes).
+            Tags.of(stack).add(TAG_EXPIRES_AT, expires, include_resource_types=[STACK_TAGS])
             stack.node.add_validation(_RefuseRetain(stack))
         self.topic = self._topic()
         self.reaper = self._reaper()

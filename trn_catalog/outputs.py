@@ -19,6 +19,11 @@ TAG_ENVIRONMENT = "trn-platform:environment"
 TAG_PROFILE = "trn-platform:profile"
 TAG_PREVIEW = "trn-platform:preview"
 TAG_EXPIRES_AT = "trn-platform:expires-at"
+# Tags that stay on the stacks alone: a value that changes at every synth (the expiry moves with
+# each redeploy) must not reach a resource whose update disrupts it. In a launch template's tag
+# specifications it makes a new template version, and EKS then replaces every node of the node
+# group. CloudFormation still copies stack tags to the resources that take tags, in place.
+STACK_ONLY_TAGS = (TAG_EXPIRES_AT,)
 # A preview lives at most two weeks (ttl_hours at synth, `trnctl preview extend` after).
 MAX_PREVIEW_TTL_HOURS = 24 * 14
 
