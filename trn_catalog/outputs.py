@@ -40,6 +40,8 @@ class EnvironmentOutputs:
     environment: str
     region: str
     cluster_name: str
+    # The Trainium managed node group; its name changes when CloudFormation replaces it.
+    trn_nodegroup: str
     node_role_arn: str
     fsx_file_system_id: str
     fsx_mount_name: str

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import re
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -98,7 +99,7 @@ def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
     assert trn_subnet.availability_zone == "us-east-2a"
     (subnet,) = trn["Subnets"]
     assert "PrivateSubnet1" in json.dumps(subnet)
-    assert trn["NodegroupName"] == "trn-dev-trn"
+    assert re.fullmatch(r"trn-dev-trn-[0-9a-f]{8}", trn["NodegroupName"])
     assert trn["ScalingConfig"]["DesiredSize"] == 2
 
 
