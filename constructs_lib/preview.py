@@ -17,6 +17,7 @@ from aws_cdk import (
     Stack,
     Tags,
     TimeZone,
+    Token,
 )
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_iam as iam
@@ -36,7 +37,7 @@ from constructs_lib._common import (
     log_group_key,
 )
 from trn_catalog import formats
-from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
 # The resource type CDK gives a stack's own tags (those CloudFormation puts on the stack).
 STACK_TAGS = "aws:cdk:stack"
@@ -87,7 +88,8 @@ class PreviewLifecycle(Construct):
 
     Raises:
         ValueError: a project name that is not DNS-safe, a naive or past-the-epoch expiry, no
-            stacks, a budget below 1 USD or a malformed email.
+            stacks, a budget below 1 USD, a malformed email, or a stack region whose
+            CloudFormation has no AWS::Budgets::Budget (:data:`PREVIEW_REGIONS` lists the others).
     """
 
     def __init__(
@@ -95,6 +97,12 @@ class PreviewLifecycle(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         _validate(props)
+        region = Stack.of(self).region
+        if not Token.is_unresolved(region) and region not in PREVIEW_REGIONS:
+            raise ValueError(
+                f"region {region!r} is not allowed: the preview's budget needs CloudFormation's "
+                f"AWS::Budgets::Budget, offered in {', '.join(sorted(PREVIEW_REGIONS))}"
+            )
         self.props = props
         expires = props.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for stack in props.stacks:

@@ -3,6 +3,7 @@
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
 from platform_config import parse_config
 from stacks import build_platform
 from tests.conftest import Synth, context_with
-from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -219,9 +220,9 @@ def test_a_retain_request_in_a_preview_is_refused(tmp_path: Path) -> None:
         app.synth()
 
 
-def lifecycle(**overrides: Any) -> PreviewLifecycle:
+def lifecycle(region: str = "us-east-2", **overrides: Any) -> PreviewLifecycle:
     app = cdk.App()
-    stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region="us-east-2"))
+    stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region=region))
     props: dict[str, Any] = {"project": "delta", "expires_at": NOW, "stacks": [stack], **overrides}
     return PreviewLifecycle(stack, "P", props=PreviewLifecycleProps(**props))
 
@@ -240,3 +241,19 @@ def lifecycle(**overrides: Any) -> PreviewLifecycle:
 def test_lifecycle_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         lifecycle(**overrides)
+
+
+def test_a_preview_needs_a_region_whose_cloudformation_makes_budgets() -> None:
+    with pytest.raises(ValueError, match=r"region 'ap-south-2' is not allowed: .*Budgets::Budget"):
+        lifecycle(region="ap-south-2")
+
+
+def test_preview_regions_are_where_cloudformation_offers_budgets() -> None:
+    """The list follows the regional schemas of the pinned cfn-lint (CloudFormation's own)."""
+    providers = resources.files("cfnlint") / "data" / "schemas" / "providers"
+    offered = {
+        path.name.removesuffix(".json")
+        for path in providers.iterdir()
+        if path.name.endswith(".json") and "AWS::Budgets::Budget" in json.loads(path.read_text())
+    }
+    assert offered == PREVIEW_REGIONS
