@@ -7,6 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 CHECKOV_VENV := .tools/checkov
+XLA_VENV := .tools/xla
 CDK := node_modules/.bin/cdk
 PYTEST_WORKERS ?= 2
 
@@ -18,13 +19,18 @@ export CDK_DISABLE_CLI_TELEMETRY := true
 export AWS_EC2_METADATA_DISABLED := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: synth test lint typecheck check bench train-local diagram clean setup
+.PHONY: synth test test-xla lint typecheck check bench train-local diagram clean setup
 
 synth: $(VENV)/.runtime $(CDK)
 	$(CDK) synth --no-notices --quiet --output cdk.out
 
 test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+# The trn1 stack's PyTorch/XLA path on PyTorch/XLA's CPU device, in its own environment (torch_xla
+# 2.9 and the torch 2.9 it needs: a 3.9 GB download, 7 GB on disk), too heavy for every `make test`.
+test-xla: $(XLA_VENV)/.ready
+	PJRT_DEVICE=CPU TRN_REQUIRE_XLA=1 PYTHONPATH=$(CURDIR)/training_image:$(CURDIR) $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider -m xla tests/trainer/test_xla.py
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
@@ -63,6 +69,11 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 $(CHECKOV_VENV)/.ready: requirements-checkov.txt
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+$(XLA_VENV)/.ready: requirements-xla.txt
+	test -x $(XLA_VENV)/bin/python || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-xla.txt
 	touch $@
 
 $(CDK): package.json package-lock.json

@@ -31,6 +31,12 @@ NEURON_TOLERATION = {
     "operator": "Exists",
     "effect": "NoSchedule",
 }
+# No key and no effect: tolerates every taint. The node problem detector must keep running on
+# the degraded nodes it reports, whatever taints them.
+TOLERATE_ALL = {"operator": "Exists"}
+# The image of the Neuron chart's second scheduler (`my-scheduler`), a kube-scheduler of EKS
+# Distro; its tag must be of the control plane's Kubernetes minor version.
+KUBE_SCHEDULER_IMAGE = "public.ecr.aws/eks-distro/kubernetes/kube-scheduler"
 NPD_NAMESPACE = "neuron-healthcheck-system"
 NPD_SERVICE_ACCOUNT = "node-problem-detector"
 SYSTEM_LABEL = {"trn-platform/node-type": "system"}
@@ -69,6 +75,11 @@ class NeuronClusterProps:
         system_nodes: system node count, 2 to 10. Default 2.
         secrets_key: KMS key for envelope encryption of Secrets. Default: a new rotating key.
         removal_policy: for the cluster's key. Default DESTROY.
+        neuron_scheduler_tag: turns on the Neuron chart's scheduler extension and its second
+            scheduler ``my-scheduler``, run from :data:`KUBE_SCHEDULER_IMAGE` at this tag, which
+            must be of ``version``'s minor (e.g. ``v1.35.2-eks-1-35-7``; the chart's own is
+            1.31). Pods opt in with ``schedulerName: my-scheduler``. Default None: off, as no
+            platform pod uses it (each training pod takes every Neuron device of its node).
     """
 
     vpc: ec2.IVpc
@@ -82,6 +93,7 @@ class NeuronClusterProps:
     system_nodes: int = 2
     secrets_key: kms.IKey | None = None
     removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    neuron_scheduler_tag: str | None = None
 
 
 class NeuronCluster(Construct):
@@ -93,9 +105,10 @@ class NeuronCluster(Construct):
     :data:`trn_catalog.versions.ADDONS` (vpc-cni with prefix delegation) with Pod Identity roles
     where they call AWS, each association made before its add-on (the Mountpoint S3 driver is
     installed by :class:`TrainingWorkspace`, with its bucket-scoped role); the Neuron Helm chart
-    (device plugin, scheduler extension, node problem detector with node recovery) and the EFA
-    device plugin chart, both tolerating the Neuron taint, and Kubeflow Trainer as the
-    distributed job engine. Add Trainium capacity with :meth:`add_trainium_nodegroup` or
+    (device plugin tolerating the Neuron taint; node problem detector with node recovery,
+    tolerating every taint; the scheduler extension only with ``neuron_scheduler_tag``), the EFA
+    device plugin chart, tolerating the Neuron taint, and Kubeflow Trainer as the distributed
+    job engine. Add Trainium capacity with :meth:`add_trainium_nodegroup` or
     :class:`TrainiumNodeGroup`.
 
     Attributes:
@@ -103,8 +116,8 @@ class NeuronCluster(Construct):
         eks.HelmChart).
 
     Raises:
-        ValueError: a malformed or open public CIDR, a malformed admin role ARN, or system_nodes
-            outside 2..10.
+        ValueError: a malformed or open public CIDR, a malformed admin role ARN, system_nodes
+            outside 2..10, or a ``neuron_scheduler_tag`` of another Kubernetes minor version.
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, props: NeuronClusterProps) -> None:
@@ -291,7 +304,9 @@ class NeuronCluster(Construct):
             "conditioned on this cluster's tag and PutMetricData on its namespace.",
         )
         charts = {
-            versions.NEURON_CHART.release: self._chart(versions.NEURON_CHART, _neuron_values()),
+            versions.NEURON_CHART.release: self._chart(
+                versions.NEURON_CHART, neuron_values(self.props.neuron_scheduler_tag)
+            ),
             versions.EFA_CHART.release: self._chart(versions.EFA_CHART, _efa_values()),
             versions.TRAINER_CHART.release: self._chart(versions.TRAINER_CHART, _trainer_values()),
         }
@@ -381,19 +396,29 @@ def add_pod_identity(
     return role
 
 
-def _neuron_values() -> dict[str, Any]:
-    tolerations = [NEURON_TOLERATION]
+def neuron_values(scheduler_tag: str | None = None) -> dict[str, Any]:
+    """Values of the Neuron chart: the device plugin on the catalog's types, the node problem
+    detector with node recovery, and the scheduler extension only with ``scheduler_tag`` (the
+    kube-scheduler tag of ``my-scheduler``; off otherwise, where the chart would run its 1.31)."""
+    scheduler: dict[str, Any] = {"enabled": False}
+    if scheduler_tag is not None:
+        scheduler = {
+            "enabled": True,
+            "nodeSelector": SYSTEM_LABEL,
+            "customScheduler": {
+                "enabled": True,
+                "image": {"repository": KUBE_SCHEDULER_IMAGE, "tag": scheduler_tag},
+                "nodeSelector": SYSTEM_LABEL,
+            },
+        }
     return {
         "neuronInstances": sorted(trn_catalog.CATALOG),
-        "devicePlugin": {"enabled": True, "tolerations": tolerations},
-        "scheduler": {
-            "enabled": True,
-            "customScheduler": {"enabled": True},
-            "nodeSelector": SYSTEM_LABEL,
-        },
+        "devicePlugin": {"enabled": True, "tolerations": [NEURON_TOLERATION]},
+        "scheduler": scheduler,
         "npd": {
             "enabled": True,
-            "tolerations": tolerations,
+            # Helm replaces lists: any list here is the detector's only tolerations.
+            "tolerations": [TOLERATE_ALL],
             "nodeRecovery": {"enabled": True},
         },
         "draDriver": {"enabled": False},
@@ -473,3 +498,10 @@ def _validate(props: NeuronClusterProps) -> None:
         )
     if not 2 <= props.system_nodes <= 10:
         raise ValueError(f"system_nodes {props.system_nodes} is not allowed; use 2 to 10")
+    tag = props.neuron_scheduler_tag
+    minor = props.version.version
+    if tag is not None and not tag.startswith(f"v{minor}."):
+        raise ValueError(
+            f"neuron_scheduler_tag {tag!r} is not a kube-scheduler of Kubernetes {minor}, the "
+            f"control plane's version; use a v{minor}.x tag of {KUBE_SCHEDULER_IMAGE}"
+        )

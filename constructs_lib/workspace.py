@@ -19,6 +19,8 @@ from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
     RUNTIME_NAME,
+    TRAINER_ANCESTOR,
+    TRAINER_ANCESTOR_LABEL,
     TRAINER_API_GROUP,
     TRAINER_API_VERSION,
     TRAINER_CONTAINER,
@@ -92,11 +94,13 @@ class TrainingWorkspace(Construct):
     It also writes the Kubeflow Trainer ``TrainingRuntime`` ``neuron-torch`` that TrainJobs
     reference: one pod per trn node asking for all of its Neuron devices and EFA interfaces (from
     the instance catalog) and the EFA huge pages, tolerating the Neuron taint, with FSx at
-    ``/fsx``, the datasets bucket at ``/datasets``, the compile cache and a torchrun rank per
-    logical NeuronCore. The container's environment carries the compile cache of each stack
-    (``NEURON_COMPILE_CACHE_URL`` for xla, ``TORCH_NEURONX_NEFF_CACHE_DIR`` on FSx for native)
-    and ``TRN_SHUTDOWN_TIMEOUT_S``, the pod's grace period less a margin, which the entrypoint
-    hands torchrun as the time its workers get to write a last checkpoint after SIGTERM.
+    ``/fsx``, the datasets bucket at ``/datasets`` and the compile cache, with the torch policy
+    (Kubeflow hands torchrun its rendezvous; the ranks per node, one per logical NeuronCore,
+    come from each TrainJob and the image's launcher). The container's environment carries the
+    compile cache of each stack (``NEURON_COMPILE_CACHE_URL`` for xla,
+    ``TORCH_NEURONX_NEFF_CACHE_DIR`` on FSx for native) and ``TRN_SHUTDOWN_TIMEOUT_S``, the pod's
+    grace period less a margin, which the entrypoint hands torchrun as the time its workers get
+    to write a last checkpoint after SIGTERM.
 
     Attributes:
         manifest (the KubernetesManifest), mountpoint_addon, fsx_claim, datasets_claim,
@@ -226,9 +230,13 @@ class TrainingWorkspace(Construct):
         ]
 
     def training_runtime(self) -> dict[str, Any]:
-        """The ``neuron-torch`` TrainingRuntime (Kubeflow Trainer v2, one pod per node)."""
-        props, spec = self.props, self.spec
-        ancestor = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+        """The ``neuron-torch`` TrainingRuntime (Kubeflow Trainer v2, one pod per node).
+
+        Ranks per node are not set here: Trainer 2.2.0 removed the runtime's
+        ``mlPolicy.torch.numProcPerNode``; each TrainJob carries ``spec.trainer.numProcPerNode``
+        (``trnctl``), and the image's launcher takes the count from the catalog either way."""
+        props = self.props
+        ancestor = {TRAINER_ANCESTOR_LABEL: TRAINER_ANCESTOR}
         return {
             "apiVersion": f"{TRAINER_API_GROUP}/{TRAINER_API_VERSION}",
             "kind": "TrainingRuntime",
@@ -238,10 +246,7 @@ class TrainingWorkspace(Construct):
                 "labels": {"trainer.kubeflow.org/framework": "torch"},
             },
             "spec": {
-                "mlPolicy": {
-                    "numNodes": props.nodes,
-                    "torch": {"numProcPerNode": spec.logical_neuron_cores},
-                },
+                "mlPolicy": {"numNodes": props.nodes, "torch": {}},
                 "template": {
                     "spec": {
                         "replicatedJobs": [

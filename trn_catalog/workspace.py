@@ -12,7 +12,13 @@ TRAINER_API_VERSION = "v1alpha1"
 # The namespaced TrainingRuntime the workspace creates; TrainJobs reference it by name.
 RUNTIME_NAME = "neuron-torch"
 # Kubeflow Trainer's torch runtime names both the replicated job and the trainer container
-# "node" (kubeflow/trainer pkg/constants: Node).
+# "node" (kubeflow/trainer v2.3.0 pkg/constants: Node): it fills in the container of that name and
+# hands torchrun the rank-0 host <trainjob>-node-0-0.<trainjob>. trnctl selects a job's pods by
+# the replicated job's name. The release's own value is in trn_catalog.crds.trainer_job().
 TRAINER_CONTAINER = "node"
+# The label that marks the runtime's trainer job (pkg/constants: LabelTrainJobAncestor,
+# AncestorTrainer): only that job's pods get the TrainJob's image, node count and ranks.
+TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINER_ANCESTOR = "trainer"
 FSX_MOUNT = "/fsx"
 DATASETS_MOUNT = "/datasets"

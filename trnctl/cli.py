@@ -289,6 +289,7 @@ def data_stage(
         workdir = work_dir if work_dir is not None else Path(scratch)
         manifest = data.build_shards(source, workdir, shard_tokens=shard_tokens)
         items = data.uploads(workdir, manifest, location)
+        digest = data.manifest_sha256(workdir)
         todo = data.pending(s3, items, location)
         progress_console = Console(stderr=True)
         with Progress(
@@ -313,7 +314,7 @@ def data_stage(
     _console().print(
         f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {len(files)} files) at "
         f"{location}: uploaded {len(todo)}, skipped {len(items) - len(todo)} "
-        "already intact",
+        f"already intact; manifest sha256 {digest}",
         soft_wrap=True,
     )
 
@@ -464,6 +465,14 @@ def job_submit(
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
     log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
+    precompile: Annotated[
+        bool,
+        typer.Option(
+            "--precompile",
+            help="First run `trn-train compile` on the nodes (a few steps, nothing saved) to "
+            "fill the shared compile cache, after checking host memory; then train.",
+        ),
+    ] = False,
     name: NameOption = None,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
@@ -492,6 +501,7 @@ def job_submit(
         args=args.argv(job_name),
         image=image,
         labels={jobs.PRESET_LABEL: preset},
+        env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
     )
     if dry_run:
         typer.echo(jobs.to_yaml(job), nl=False)

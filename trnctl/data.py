@@ -7,6 +7,10 @@ loads torch (about two seconds), which is why the CLI imports this module only f
 A shard counts as already uploaded when the object has the shard's size and carries its SHA-256
 (from the manifest) in the ``sha256`` metadata that this module writes; S3 itself verifies each
 part's SHA-256 checksum on upload, and a multipart upload that did not complete leaves no object.
+
+Staging is where shards are hashed in full (written, then read back by the trainer's reader with
+every SHA-256 checked); the trainer checks only headers and sizes when it starts, and records the
+manifest's SHA-256 (:func:`manifest_sha256`, which pins every shard's) in its checkpoints.
 """
 
 from __future__ import annotations
@@ -124,6 +128,12 @@ class Upload:
         return self.path.stat().st_size
 
 
+def manifest_sha256(workdir: Path) -> str:
+    """The SHA-256 of the staged ``manifest.json``: the dataset's identity, as the trainer
+    records it in each checkpoint."""
+    return hashlib.sha256((workdir / shard_format.MANIFEST).read_bytes()).hexdigest()
+
+
 def uploads(workdir: Path, manifest: dict[str, Any], dest: S3Prefix) -> list[Upload]:
     """The shards in manifest order, then the manifest itself, so that a reader never finds a
     manifest that names a shard not yet uploaded."""
@@ -131,7 +141,7 @@ def uploads(workdir: Path, manifest: dict[str, Any], dest: S3Prefix) -> list[Upl
         Upload(workdir / s["name"], dest.key(s["name"]), s["sha256"]) for s in manifest["shards"]
     ]
     manifest_path = workdir / shard_format.MANIFEST
-    digest = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    digest = manifest_sha256(workdir)
     return [*items, Upload(manifest_path, dest.key(shard_format.MANIFEST), digest)]
 
 

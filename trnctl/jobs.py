@@ -4,7 +4,9 @@ reading their status back. Pure functions: no AWS or Kubernetes calls here (see
 
 The runtime already carries everything per node that the catalog decides (all Neuron devices
 and EFA interfaces, huge pages, FSx and S3 mounts, compile cache, the service account), so a
-TrainJob names the runtime and sets only the image, the trainer's arguments and the node count.
+TrainJob names the runtime and sets only the image, the trainer's arguments, the node count and
+the ranks per node (one per logical NeuronCore: Trainer 2.3.0 otherwise hands torchrun the pod's
+CPU request).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema
 import yaml
 
+import trn_catalog
 from trn_catalog import crds
 from trn_catalog import workspace as ws
 from trn_catalog.instances import InstanceSpec
@@ -35,6 +38,9 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PRESET_LABEL = "trn-platform/preset"
+# The image's entrypoint runs `trn-train compile` (the job's flags, a few steps, into the shared
+# compile cache) before the run when this is "1" (trainer.launch).
+PRECOMPILE_ENV = "TRN_PRECOMPILE"
 PURPOSE_LABEL = "trn-platform/purpose"
 
 # DNS-1035 label (TrainJob and JobSet names). JobSet names each pod's hostname
@@ -118,8 +124,10 @@ def render(
     image: str | None = None,
     command: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema.
+    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema,
+    with one rank per logical NeuronCore of the environment's instance type.
 
     Args:
         name: the job's name (checked with :func:`validate_name`).
@@ -130,18 +138,27 @@ def render(
         image: the training image; default: the environment's.
         command: replaces the image's entrypoint (``trnctl validate`` runs its program so).
         labels: extra labels on the TrainJob.
+        env: environment variables for the training container (Kubeflow Trainer merges them
+            with the runtime's).
 
     Raises:
-        TrnctlError: USAGE for a bad name or node count; FAILED if the result breaks the
-            TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
+        TrnctlError: USAGE for a bad name or node count; FAILED for an instance type outside the
+            catalog, or if the result breaks the TrainJob schema (a bug here, or a schema the
+            cluster's chart no longer matches).
     """
     validate_name(name)
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
-    trainer: dict[str, Any] = {"image": image or outputs.image_uri, "numNodes": nodes}
+    trainer: dict[str, Any] = {
+        "image": image or outputs.image_uri,
+        "numNodes": nodes,
+        "numProcPerNode": ranks_per_node(outputs),
+    }
     if command is not None:
         trainer["command"] = list(command)
     trainer["args"] = list(args)
+    if env:
+        trainer["env"] = [{"name": k, "value": v} for k, v in env.items()]
     job = {
         "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
         "kind": KIND,
@@ -163,6 +180,21 @@ def render(
     return job
 
 
+def ranks_per_node(outputs: EnvironmentOutputs) -> int:
+    """The TrainJob's ``numProcPerNode``: the catalog's logical NeuronCores of the environment's
+    instance type.
+
+    Raises:
+        TrnctlError: FAILED, the instance type is not in the catalog.
+    """
+    try:
+        return trn_catalog.get(outputs.instance_type).logical_neuron_cores
+    except trn_catalog.UnknownInstanceTypeError as error:
+        raise TrnctlError(
+            f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
+        ) from None
+
+
 def check_schema(job: Mapping[str, Any]) -> None:
     """Validates ``job`` against the TrainJob schema kept in the catalog.
 
@@ -182,10 +214,10 @@ def check_schema(job: Mapping[str, Any]) -> None:
 
 
 def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
-    """How the cluster's ``neuron-torch`` runtime differs from the catalog entry ``spec``: the
-    Neuron devices, EFA interfaces and huge pages its node container asks for, and its ranks per
-    node. Empty when they agree (or the runtime targets another type: see its nodeSelector)."""
-    problems: list[str] = []
+    """How the cluster's ``neuron-torch`` runtime differs from what jobs on ``spec`` need under
+    the pinned Trainer release: its torch policy, the trainer job's ancestor label, and the
+    instance type, Neuron devices, EFA interfaces and huge pages its node container asks for.
+    (Ranks per node are the TrainJob's own since Trainer 2.2.0.) Empty when they agree."""
     try:
         (replicated,) = [
             r
@@ -197,6 +229,19 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
     except (KeyError, TypeError, ValueError):
         node = ws.TRAINER_CONTAINER
         return [f"it has no {node!r} replicated job with a {node!r} container"]
+    problems: list[str] = []
+    if (runtime["spec"].get("mlPolicy") or {}).get("torch") is None:
+        problems.append("no mlPolicy.torch (Kubeflow would not hand torchrun its rendezvous)")
+    labels = (replicated["template"].get("metadata") or {}).get("labels") or {}
+    if labels.get(ws.TRAINER_ANCESTOR_LABEL) != ws.TRAINER_ANCESTOR:
+        problems.append(
+            f"its {ws.TRAINER_CONTAINER!r} job lacks the label "
+            f"{ws.TRAINER_ANCESTOR_LABEL}={ws.TRAINER_ANCESTOR} (a TrainJob's image, nodes "
+            "and ranks would not reach it)"
+        )
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    if env.get("TRN_INSTANCE_TYPE") != spec.name:
+        problems.append(f"TRN_INSTANCE_TYPE {env.get('TRN_INSTANCE_TYPE')} (catalog: {spec.name})")
     limits = (container.get("resources") or {}).get("limits") or {}
     wanted = {
         "aws.amazon.com/neuron": spec.chips,
@@ -207,9 +252,6 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
             problems.append(f"{resource} {limits.get(resource)} (catalog: {count})")
     if "hugepages-2Mi" not in limits:
         problems.append("no hugepages-2Mi (EFA needs them)")
-    procs = ((runtime["spec"].get("mlPolicy") or {}).get("torch") or {}).get("numProcPerNode")
-    if procs != spec.logical_neuron_cores:
-        problems.append(f"numProcPerNode {procs} (catalog: {spec.logical_neuron_cores})")
     return problems
 
 
@@ -269,9 +311,10 @@ class NodePod:
 
 
 def node_pods(pods: Sequence[Any]) -> list[NodePod]:
-    """Pods (``V1Pod``) of the node replicated job, by node index."""
+    """Pods (``V1Pod``) of the node replicated job, by node index; a node's attempts (the pods
+    a retry left) oldest first, by creation time, since their names end in a random suffix."""
     rows = []
-    for pod in pods:
+    for pod in sorted(pods, key=_created):
         labels = pod.metadata.labels or {}
         try:
             index = int(labels.get(JOB_INDEX_LABEL, ""))
@@ -296,4 +339,9 @@ def node_pods(pods: Sequence[Any]) -> list[NodePod]:
                 detail=detail,
             )
         )
-    return sorted(rows, key=lambda r: (r.index, r.name))
+    return sorted(rows, key=lambda r: r.index)  # stable: attempts stay in creation order
+
+
+def _created(pod: Any) -> datetime:
+    created: datetime | None = pod.metadata.creation_timestamp
+    return created or datetime.min.replace(tzinfo=UTC)

@@ -9,6 +9,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
@@ -212,10 +213,60 @@ def test_neuron_chart_values(dev: Synth) -> None:
     values = json.loads(charts(dev)["neuron"]["Values"])
     toleration = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
     assert values["devicePlugin"] == {"enabled": True, "tolerations": [toleration]}
-    assert values["scheduler"]["enabled"] is True
     assert values["npd"]["enabled"] is True and values["npd"]["nodeRecovery"]["enabled"] is True
-    assert toleration in values["npd"]["tolerations"]
     assert "trn3.48xlarge" in values["neuronInstances"]
+
+
+@pytest.mark.parametrize("variant", ["dev", "odcr"])
+def test_the_neuron_scheduler_is_off_by_default(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    """The chart's second scheduler is kube-scheduler 1.31 (outside the supported skew of a 1.35
+    control plane) and no platform pod names it: off unless `neuron_scheduler_tag` is given."""
+    values = json.loads(charts(synth_variant(variant))["neuron"]["Values"])
+    assert values["scheduler"] == {"enabled": False}
+
+
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, str]) -> bool:
+    """Kubernetes' rule: a toleration matches a taint when its effect is empty or the same, and
+    its key is empty with Exists (every key), or the same key with Exists, or with Equal and the
+    same value."""
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint["effect"]):
+            continue
+        operator = t.get("operator", "Equal")
+        if operator == "Exists" and t.get("key") in (None, "", taint["key"]):
+            return True
+        same_value = t.get("value", "") == taint.get("value", "")
+        if operator == "Equal" and t.get("key") == taint["key"] and same_value:
+            return True
+    return False
+
+
+TAINTS = [
+    {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
+    {"key": "example.com/degraded", "value": "neuron", "effect": "NoSchedule"},
+    {"key": "example.com/draining", "effect": "PreferNoSchedule"},
+    {"key": "CriticalAddonsOnly", "value": "true", "effect": "NoExecute"},
+]
+
+
+@pytest.mark.parametrize("variant", ["dev", "odcr"])
+def test_the_node_problem_detector_tolerates_every_taint(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    """It must keep running on the degraded nodes it reports. Setting npd.tolerations replaces the
+    chart's list (NoSchedule and NoExecute of any key, in 1.9.0), so the list set must itself
+    tolerate every taint."""
+    tolerations = json.loads(charts(synth_variant(variant))["neuron"]["Values"])["npd"][
+        "tolerations"
+    ]
+    assert [taint for taint in TAINTS if not tolerates(tolerations, taint)] == []
+    # The rule above is the real one: the Neuron toleration alone leaves the others out.
+    neuron_only = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+    assert [t["key"] for t in TAINTS if tolerates(neuron_only, t)] == ["aws.amazon.com/neuron"]
 
 
 def test_efa_plugin_allowlist_has_trn3_and_tolerates_neuron(dev: Synth) -> None:
@@ -358,8 +409,8 @@ def test_runtime_asks_for_every_device_and_efa_of_the_node(
     # trnctl finds the runtime and its container by these shared names.
     assert runtime["metadata"]["name"] == shared.RUNTIME_NAME
     assert container["name"] == shared.TRAINER_CONTAINER
-    spec = trn_catalog.get(env["TRN_INSTANCE_TYPE"])
-    assert runtime["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == spec.logical_neuron_cores
+    # Trainer 2.2.0 removed the runtime's numProcPerNode: ranks come from each TrainJob.
+    assert runtime["spec"]["mlPolicy"]["torch"] == {}
 
 
 def test_torchrun_gets_the_grace_period_less_a_margin(dev: Synth) -> None:
@@ -448,7 +499,8 @@ def test_job_engine_schema_refuses_bad_jobs() -> None:
     }
     jsonschema.validate(job, crds.schema("TrainJob"))
     for bad in (
-        {"runtimeRef": {"name": "neuron-torch"}, "trainer": {"numNodes": 0}},
+        {"runtimeRef": {"name": "neuron-torch"}, "trainer": {"numNodes": "2"}},
+        {"runtimeRef": {"name": "neuron-torch"}, "trainer": {"numProcPerNode": "auto"}},
         {"runtimeRef": {}},
         {"runtimeRef": {"name": "x"}, "trainer": {"gpus": 8}},
     ):
@@ -540,6 +592,12 @@ def neuron_cluster(**overrides: Any) -> NeuronCluster:
             r"admin_role_arn .* is not an IAM role ARN",
         ),
         ({"system_nodes": 1}, r"system_nodes 1 is not allowed; use 2 to 10"),
+        (
+            {"neuron_scheduler_tag": "v1.31.12-eks-1-31-30"},
+            r"neuron_scheduler_tag 'v1\.31\.12-eks-1-31-30' is not a kube-scheduler of "
+            r"Kubernetes 1\.35, the control plane's version; use a v1\.35\.x tag of "
+            r"public\.ecr\.aws/eks-distro/kubernetes/kube-scheduler",
+        ),
     ],
 )
 def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
@@ -547,10 +605,37 @@ def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> N
         neuron_cluster(**overrides)
 
 
-def test_public_endpoint_only_from_listed_cidrs() -> None:
-    built = neuron_cluster(public_endpoint_cidrs=["203.0.113.0/24"])
-    template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
-    (cluster,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"]
+@pytest.fixture(scope="module")
+def custom_cluster() -> dict[str, Any]:
+    """The template of a NeuronCluster built with the props the platform leaves at default."""
+    built = neuron_cluster(
+        public_endpoint_cidrs=["203.0.113.0/24"], neuron_scheduler_tag="v1.35.2-eks-1-35-7"
+    )
+    template: dict[str, Any] = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
+    return template
+
+
+def test_neuron_scheduler_at_the_control_plane_version_when_asked(
+    custom_cluster: dict[str, Any],
+) -> None:
+    (neuron,) = [
+        r["Properties"]
+        for r in custom_cluster["Resources"].values()
+        if r["Type"] == "Custom::AWSCDK-EKS-HelmChart" and r["Properties"]["Release"] == "neuron"
+    ]
+    scheduler = json.loads(neuron["Values"])["scheduler"]
+    assert scheduler["enabled"] is True and scheduler["customScheduler"]["enabled"] is True
+    assert scheduler["customScheduler"]["image"] == {
+        "repository": "public.ecr.aws/eks-distro/kubernetes/kube-scheduler",
+        "tag": "v1.35.2-eks-1-35-7",
+    }
+    assert scheduler["customScheduler"]["nodeSelector"] == {"trn-platform/node-type": "system"}
+
+
+def test_public_endpoint_only_from_listed_cidrs(custom_cluster: dict[str, Any]) -> None:
+    (cluster,) = [
+        r for r in custom_cluster["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"
+    ]
     vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
     assert vpc_config["EndpointPublicAccess"] is True
     assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24"]
@@ -565,3 +650,27 @@ def test_trn_nodes_carry_the_lustre_clients_group(dev: Synth) -> None:
     for interface in template["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]:
         groups = [json.dumps(group) for group in interface["Groups"]]
         assert len(groups) == 3 and sum("LustreClients" in g for g in groups) == 1
+
+
+def test_bring_your_own_secrets_key() -> None:
+    """An imported key encrypts Secrets; the cluster makes no key of its own."""
+    arn = "arn:aws:kms:us-east-2:123456789012:key/11111111-2222-3333-4444-555555555555"
+    stack = cdk.Stack(
+        cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    theirs = kms.Key.from_key_arn(stack, "Theirs", arn)
+    built = NeuronCluster(
+        stack,
+        "N",
+        props=NeuronClusterProps(
+            vpc=ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1),
+            kubectl_layer=KubectlV35Layer(stack, "Layer"),
+            secrets_key=theirs,
+        ),
+    )
+    template = cdk.assertions.Template.from_stack(stack).to_json()["Resources"]
+    (cluster,) = [r for r in template.values() if r["Type"] == "AWS::EKS::Cluster"]
+    (config,) = cluster["Properties"]["EncryptionConfig"]
+    assert config == {"Provider": {"KeyArn": arn}, "Resources": ["secrets"]}
+    assert built.secrets_key is theirs
+    assert not [r for r in template.values() if r["Type"] == "AWS::KMS::Key"]

@@ -5,6 +5,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from constructs_lib import TrainingDataPaths, TrainingDataPathsProps
@@ -116,11 +117,39 @@ def test_fsx_is_persistent_2_lz4_kms_in_the_trn_az(dev: Synth) -> None:
     assert lustre["MetadataConfiguration"] == {"Mode": "AUTOMATIC"}
     assert "EfaEnabled" not in lustre
     assert props["StorageCapacity"] == 1200
-    assert "KmsKeyId" in props
-    (subnet,) = props["SubnetIds"]
-    trn_subnet = dev.platform.network.network.trn_subnet
-    assert trn_subnet.availability_zone == "us-east-2a"
-    assert "Fn::ImportValue" in subnet
+    (key_id,) = dev.resources("data", "AWS::KMS::Key")
+    assert props["KmsKeyId"] == {"Ref": key_id}
+
+
+def exported(synth: Synth, reference: Any) -> tuple[str, str]:
+    """(stack suffix, logical id) of the resource behind a cross-stack ``Fn::ImportValue``."""
+    name = reference["Fn::ImportValue"]
+    for stack_name, template in synth.templates.items():
+        for output in template.get("Outputs", {}).values():
+            if output.get("Export", {}).get("Name") == name:
+                value = output["Value"]
+                logical_id = value["Ref"] if "Ref" in value else value["Fn::GetAtt"][0]
+                return stack_name.rsplit("-", 1)[1], logical_id
+    raise AssertionError(f"no stack exports {name}")
+
+
+@pytest.mark.parametrize("variant", ["dev", "prod"])
+def test_fsx_sits_in_the_trn_subnet_with_the_trn_nodes(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    synth = synth_variant(variant)
+    (subnet,) = file_system(synth)["Properties"]["SubnetIds"]
+    stack, subnet_id = exported(synth, subnet)
+    props = synth.template("network")["Resources"][subnet_id]["Properties"]
+    tags = {t["Key"]: t["Value"] for t in props["Tags"]}
+    assert stack == "network" and tags["aws-cdk:subnet-name"] == "Private"
+    assert props["AvailabilityZone"] == synth.platform.network.network.props.trn_availability_zone
+    (trn,) = [
+        g["Properties"]
+        for g in synth.resources("cluster", "AWS::EKS::Nodegroup").values()
+        if g["Properties"]["AmiType"] == "AL2023_x86_64_NEURON"
+    ]
+    assert trn["Subnets"] == [subnet]
 
 
 def test_fsx_sizes_follow_the_profile(prod: Synth) -> None:
@@ -132,13 +161,26 @@ def test_fsx_sizes_follow_the_profile(prod: Synth) -> None:
 Rule = tuple[str, str, str, str, int | None, int | None]
 
 
+def lustre_clients_id(synth: Synth) -> str:
+    """The logical id of the network's Lustre clients group."""
+    group = synth.platform.network.network.lustre_clients
+    logical_id: str = synth.platform.network.resolve(group.node.default_child.logical_id)
+    return logical_id
+
+
 def lustre_rules(synth: Synth) -> set[Rule]:
     """(group, direction, peer, protocol, from, to) of every separate rule in the data stack;
-    groups and peers are 'servers' (the file system's group) or 'clients'."""
+    groups and peers are 'servers' (the file system's group), 'clients' (the network's Lustre
+    clients group, by its export) or, for anything else, the reference as written."""
     (servers,) = synth.resources("data", "AWS::EC2::SecurityGroup")
+    clients = lustre_clients_id(synth)
 
     def who(reference: Any) -> str:
-        return "servers" if servers in json.dumps(reference) else "clients"
+        if reference == {"Fn::GetAtt": [servers, "GroupId"]}:
+            return "servers"
+        if "Fn::ImportValue" in reference and exported(synth, reference) == ("network", clients):
+            return "clients"
+        return json.dumps(reference)
 
     rules = set()
     for kind, peer_field in (
@@ -195,8 +237,20 @@ def test_efa_fsx_enables_efa_and_opens_all_traffic_by_group(
         for group, peer in (("servers", "servers"), ("servers", "clients"), ("clients", "servers"))
         for kind in ("ingress", "egress")
     }
-    assert all_traffic <= lustre_rules(efa)
-    assert not any(rule[2].startswith(("0.", "10.")) for rule in lustre_rules(efa))
+    from_self = {("servers", "ingress", "servers", "tcp", 988, 1023)}
+    assert lustre_rules(efa) == all_traffic | from_self
+
+
+def test_the_trn_nodes_carry_the_group_the_file_system_admits(dev: Synth) -> None:
+    clients = lustre_clients_id(dev)
+    (template,) = [
+        t["Properties"]["LaunchTemplateData"]
+        for t in dev.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" in t["Properties"]["LaunchTemplateData"]
+    ]
+    for interface in template["NetworkInterfaces"]:
+        imported = [exported(dev, g) for g in interface["Groups"] if "Fn::ImportValue" in g]
+        assert imported == [("network", clients)]
 
 
 def test_data_repository_associations(dev: Synth) -> None:
@@ -315,3 +369,49 @@ def test_construct_exposes_the_compile_cache_url() -> None:
     built = data_paths()
     assert built.compile_cache_url.startswith("s3://")
     assert built.compile_cache_url.endswith("/neuron-compile-cache")
+
+
+KEY_ARN = "arn:aws:kms:us-east-2:123456789012:key/11111111-2222-3333-4444-555555555555"
+
+
+def test_bring_your_own_encryption_key() -> None:
+    """An imported key encrypts the data buckets and the file system, and the job role may use
+    it; no key is made. (Its key policy is the owner's: see the prop's docstring.)"""
+    stack = cdk.Stack(
+        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
+    theirs = kms.Key.from_key_arn(stack, "Theirs", KEY_ARN)
+    paths = TrainingDataPaths(
+        stack,
+        "D",
+        props=TrainingDataPathsProps(
+            vpc=vpc,
+            fsx_subnet=vpc.private_subnets[0],
+            lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
+            encryption_key=theirs,
+        ),
+    )
+    resources = cdk.assertions.Template.from_stack(stack).to_json()["Resources"]
+    assert paths.key is theirs
+    assert not [r for r in resources.values() if r["Type"] == "AWS::KMS::Key"]
+    kms_buckets = [
+        r["Properties"]["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+        for r in resources.values()
+        if r["Type"] == "AWS::S3::Bucket"
+        and "KMSMasterKeyID" in json.dumps(r["Properties"]["BucketEncryption"])
+    ]
+    assert len(kms_buckets) == 3  # datasets, checkpoints, compile cache
+    for encryption in kms_buckets:
+        assert encryption["ServerSideEncryptionByDefault"]["KMSMasterKeyID"] == KEY_ARN
+    (fs,) = [r for r in resources.values() if r["Type"] == "AWS::FSx::FileSystem"]
+    assert fs["Properties"]["KmsKeyId"] == "11111111-2222-3333-4444-555555555555"
+    job_policy = [
+        r["Properties"]["PolicyDocument"]
+        for logical_id, r in resources.items()
+        if r["Type"] == "AWS::IAM::Policy" and logical_id.startswith("DJobRole")
+    ]
+    (document,) = job_policy
+    assert any(
+        s["Resource"] == KEY_ARN and "kms:Decrypt" in s["Action"] for s in document["Statement"]
+    )

@@ -270,3 +270,65 @@ def test_construct_exposes_the_trn_subnet() -> None:
     assert isinstance(built.vpc, ec2.Vpc)
     assert built.trn_subnet.availability_zone == "us-east-2a"
     assert built.cidr == "10.64.0.0/16"
+
+
+def reservation_of(template: dict[str, Any]) -> tuple[str, str]:
+    """The reserved block and the logical id of its subnet, made as a resource or by a call."""
+    for resource in template.values():
+        if resource["Type"] == "AWS::EC2::SubnetCidrReservation":
+            props = resource["Properties"]
+            return props["Cidr"], props["SubnetId"]["Ref"]
+    (call,) = [r for r in template.values() if r["Type"] == "Custom::AWS"]
+    (subnet,) = [p["Ref"] for p in call["Properties"]["Create"]["Fn::Join"][1] if "Ref" in p]
+    return sdk_call(call, "Create", "SUBNET")["parameters"]["Cidr"], subnet
+
+
+@pytest.mark.parametrize("region", ["us-east-2", "us-west-2"])
+def test_trn_az_need_not_be_the_first(region: str) -> None:
+    """The trn subnet, its prefix reservation and the subnet the platform's FSx and trn nodes
+    use follow the trn AZ wherever it sits in the list, however the reservation is made."""
+    built = network(
+        region=region,
+        trn_availability_zone=f"{region}b",
+        availability_zones=[f"{region}a", f"{region}b"],
+    )
+    assert built.trn_subnet.availability_zone == f"{region}b"
+    template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()["Resources"]
+    cidr, subnet_id = reservation_of(template)
+    subnet = template[subnet_id]["Properties"]
+    assert subnet["AvailabilityZone"] == f"{region}b"
+    assert {"Key": "aws-cdk:subnet-type", "Value": "Private"} in subnet["Tags"]
+    assert ipaddress.ip_network(cidr).subnet_of(ipaddress.ip_network(subnet["CidrBlock"]))
+
+
+def own_vpc(stack: cdk.Stack, zones: list[str]) -> ec2.Vpc:
+    return ec2.Vpc(stack, "Theirs", availability_zones=zones, nat_gateways=1)
+
+
+def test_bring_your_own_vpc_selects_the_trn_az_subnet() -> None:
+    stack = cdk.Stack(
+        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = own_vpc(stack, ["us-east-2a", "us-east-2b", "us-east-2c"])
+    built = TrainingNetwork(
+        stack, "N", props=TrainingNetworkProps(trn_availability_zone="us-east-2b", vpc=vpc)
+    )
+    assert built.vpc is vpc
+    assert built.trn_subnet.availability_zone == "us-east-2b"
+    assert built.trn_subnet.node.path in [s.node.path for s in vpc.private_subnets]
+    assert built.flow_log_group is None and built.endpoint_security_group is None
+
+
+def test_bring_your_own_vpc_without_a_private_subnet_in_the_trn_az() -> None:
+    stack = cdk.Stack(
+        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = own_vpc(stack, ["us-east-2a", "us-east-2b"])
+    message = (
+        r"trn_availability_zone 'us-east-2c' has no private subnet in the given vpc; its "
+        r"private subnets are in \['us-east-2a', 'us-east-2b'\]"
+    )
+    with pytest.raises(ValueError, match=message):
+        TrainingNetwork(
+            stack, "N", props=TrainingNetworkProps(trn_availability_zone="us-east-2c", vpc=vpc)
+        )

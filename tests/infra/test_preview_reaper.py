@@ -5,11 +5,21 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import aws_cdk as cdk
 import boto3
 import pytest
+from botocore.stub import Stubber
 from moto import mock_aws
 
-from constructs_lib.preview_reaper.handler import DeletionFailed, move_schedule, reap, refusal
+from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
+from constructs_lib.preview_reaper.handler import (
+    POLL_SECONDS,
+    DeletionFailed,
+    handler,
+    move_schedule,
+    reap,
+    refusal,
+)
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 PAST, FUTURE = "2026-12-01T11:00:00Z", "2026-12-02T11:00:00Z"
@@ -196,3 +206,125 @@ def test_refusal_accepts_exactly_the_matching_expired_tags() -> None:
         ]
     }
     assert refusal(stack, event(), NOW) is None
+
+
+def stack_description(name: str, status: str, expires: str = PAST) -> dict[str, Any]:
+    return {
+        "StackName": name,
+        "StackId": f"arn:aws:cloudformation:us-east-2:123456789012:stack/{name}/1",
+        "CreationTime": NOW,
+        "StackStatus": status,
+        "Tags": [
+            {"Key": TAGS["preview"], "Value": "alpha"},
+            {"Key": TAGS["expires_at"], "Value": expires},
+        ],
+    }
+
+
+def test_a_resumed_run_waits_for_a_deletion_already_in_progress() -> None:
+    """The continuation of a run that handed over finds its stack DELETE_IN_PROGRESS: it
+    waits for it without deleting it again, then goes on to the next stack. Stubber: moto
+    deletes a stack at once, and the Stubber refuses any call not listed here."""
+    client = boto3.client(
+        "cloudformation",
+        region_name="us-east-2",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    cluster = stack_description("pv-cluster", "DELETE_IN_PROGRESS")
+    network = stack_description("pv-network", "CREATE_COMPLETE")
+    stubber = Stubber(client)
+    stubber.add_response("describe_stacks", {"Stacks": [cluster]}, {"StackName": "pv-cluster"})
+    stubber.add_response(
+        "describe_stacks", {"Stacks": [cluster]}, {"StackName": cluster["StackId"]}
+    )
+    stubber.add_client_error(
+        "describe_stacks",
+        service_error_code="ValidationError",
+        service_message=f"Stack with id {cluster['StackId']} does not exist",
+        expected_params={"StackName": cluster["StackId"]},
+    )
+    stubber.add_response("describe_stacks", {"Stacks": [network]}, {"StackName": "pv-network"})
+    stubber.add_response("delete_stack", {}, {"StackName": network["StackId"]})
+    stubber.add_response(
+        "describe_stacks",
+        {"Stacks": [{**network, "StackStatus": "DELETE_COMPLETE"}]},
+        {"StackName": network["StackId"]},
+    )
+    slept: list[float] = []
+
+    with stubber:
+        result = reap(
+            client,
+            event("pv-network", "pv-cluster"),
+            now=NOW,
+            millis_left=lambda: 900_000,
+            resume=lambda: pytest.fail("no handover with time left"),
+            reschedule=lambda when: pytest.fail(f"nothing to reschedule, got {when}"),
+            sleep=slept.append,
+        )
+
+    assert result == {"status": "done", "deleted": ["pv-cluster", "pv-network"]}
+    assert slept == [POLL_SECONDS]
+    stubber.assert_no_pending_responses()
+
+
+class LambdaContext:
+    invoked_function_arn = "arn:aws:lambda:us-east-2:123456789012:function:trn-pv-delta-reaper"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 900_000
+
+
+def test_handler_moves_the_schedule_that_the_construct_made(cloudformation: Any) -> None:
+    """The schedule and event as PreviewLifecycle synthesizes them, fed to handler(): a stack
+    redeployed with a later expiry moves that very schedule, which keeps its target and
+    event."""
+    app = cdk.App()
+    env = cdk.Environment(account="123456789012", region="us-east-2")
+    life = cdk.Stack(app, "pv-delta-lifecycle", env=env)
+    network = cdk.Stack(app, "pv-delta-network", env=env)
+    PreviewLifecycle(
+        life,
+        "P",
+        props=PreviewLifecycleProps(project="delta", expires_at=NOW, stacks=[life, network]),
+    )
+    resources = cdk.assertions.Template.from_stack(life).to_json()["Resources"]
+    (made,) = [
+        r["Properties"] for r in resources.values() if r["Type"] == "AWS::Scheduler::Schedule"
+    ]
+    payload = json.loads(made["Target"]["Input"])
+    scheduler = boto3.client("scheduler", region_name="us-east-2")
+    scheduler.create_schedule(
+        Name=made["Name"],
+        ScheduleExpression=made["ScheduleExpression"],
+        ScheduleExpressionTimezone=made["ScheduleExpressionTimezone"],
+        FlexibleTimeWindow=made["FlexibleTimeWindow"],
+        Target={
+            "Arn": LambdaContext.invoked_function_arn,
+            "RoleArn": "arn:aws:iam::123456789012:role/expiry",
+            "Input": made["Target"]["Input"],
+        },
+    )
+    for name, expires in (("pv-delta-lifecycle", PAST), ("pv-delta-network", FUTURE)):
+        cloudformation.create_stack(
+            StackName=name,
+            TemplateBody=TEMPLATE,
+            Tags=[
+                {"Key": payload["tags"]["preview"], "Value": "delta"},
+                {"Key": payload["tags"]["expires_at"], "Value": expires},
+            ],
+        )
+
+    result = handler(payload, LambdaContext())
+
+    assert result == {
+        "status": "rescheduled",
+        "deleted": [],
+        "stack": "pv-delta-network",
+        "until": FUTURE,
+    }
+    moved = scheduler.get_schedule(Name=made["Name"], GroupName="default")
+    assert moved["ScheduleExpression"] == "at(2026-12-02T11:00:00)"
+    assert moved["Target"]["Input"] == made["Target"]["Input"]
+    assert alive(cloudformation) == {"pv-delta-lifecycle", "pv-delta-network"}

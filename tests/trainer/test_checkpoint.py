@@ -1,5 +1,10 @@
+import json
 import os
+import socket
+import subprocess
+import sys
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -237,3 +242,172 @@ def test_s3_store_removes_a_state_whose_upload_was_killed() -> None:
 
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
     assert keys == ["run-1/step_00000001/meta.json", "run-1/step_00000001/state.pt"]
+
+
+RUN = {
+    "preset": "tiny",
+    "seed": 0,
+    "global_batch": 16,
+    "peak_lr": 3e-3,
+    "min_lr_ratio": 0.1,
+    "warmup_steps": 0,
+    "max_steps": 10,
+    "data_manifest_sha256": "ab" * 32,
+}
+
+
+def test_the_run_configuration_is_saved_and_a_changed_one_refused(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(LocalStore(tmp_path))
+    model, opt = _trained(0)
+    checkpointer.save(4, model, opt, run=RUN)
+    saved = checkpointer.run_of("step_00000004")
+    assert saved == RUN
+
+    checkpoint.check_resume("step_00000004", saved, dict(RUN))  # the same run resumes
+    changed = RUN | {"global_batch": 32, "data_manifest_sha256": "cd" * 32}
+    with pytest.raises(
+        checkpoint.RunConfigError,
+        match=r"refusing to resume from checkpoint step_00000004: .*global_batch 16 in the "
+        r"checkpoint, 32 now; data_manifest_sha256 'abab.*' in the checkpoint, 'cdcd.*' now",
+    ):
+        checkpoint.check_resume("step_00000004", saved, changed)
+    # A checkpoint from before runs were recorded resumes as it did.
+    checkpointer.save(5, model, opt)
+    assert checkpointer.run_of("step_00000005") is None
+    checkpoint.check_resume("step_00000005", None, changed)
+
+
+def test_a_resume_with_another_seed_or_dataset_is_refused(corpus_dir: Path, tmp_path: Path) -> None:
+    from trainer.config import TrainConfig
+    from trainer.data import prepare_corpus
+    from trainer.loop import train
+
+    cfg = TrainConfig(
+        preset="tiny",
+        device="cpu",
+        compile="none",
+        data=str(corpus_dir),
+        max_steps=2,
+        checkpoint_dir=str(tmp_path / "ck"),
+    )
+    train(cfg)
+    with pytest.raises(checkpoint.RunConfigError, match=r"seed 0 in the checkpoint, 7 now"):
+        train(replace(cfg, seed=7))
+    other = tmp_path / "other-shards"
+    prepare_corpus(other, shard_tokens=1 << 15)
+    with pytest.raises(checkpoint.RunConfigError, match=r"data_manifest_sha256 '[0-9a-f]{64}'"):
+        train(replace(cfg, data=str(other)))
+
+
+RESUME_ON_A_NODE = """
+import json, sys
+from pathlib import Path
+
+import boto3
+import torch
+
+from trainer import checkpoint, optim, parallel
+from trainer.config import PRESETS
+from trainer.model import GPT
+
+out, endpoint, node_cache = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+run = json.loads(sys.argv[4])
+ranks = parallel.ranks_from_env()
+parallel.init(ranks, "gloo")
+control = parallel.control_group(ranks)
+s3 = boto3.client(
+    "s3",
+    endpoint_url=endpoint,
+    region_name="us-east-1",
+    aws_access_key_id="moto",
+    aws_secret_access_key="moto",
+)
+state_gets = []
+s3.meta.events.register(
+    "before-parameter-build.s3.GetObject",
+    lambda params, **_: state_gets.append(1) if params["Key"].endswith("/state.pt") else None,
+)
+store = checkpoint.S3Store("s3://ckpt/run", client=s3, node_cache=node_cache)
+torch.manual_seed(100 + ranks.rank)
+model = GPT(PRESETS["tiny"].model)
+opt = optim.build(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+step = checkpoint.resume_newest(
+    checkpoint.Checkpointer(store), model, opt, run=run, ranks=ranks, group=control
+)
+weights = sum(float(p.detach().double().sum()) for p in model.parameters())
+left = node_cache.exists() and any(node_cache.rglob("state.pt"))
+(out / f"rank-{ranks.rank}.json").write_text(
+    json.dumps({"step": step, "state_gets": len(state_gets), "weights": weights, "left": left})
+)
+parallel.shutdown()
+"""
+
+
+def test_resuming_from_s3_downloads_the_state_once_per_node(
+    tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Two nodes of two ranks (gloo) resume from a moto S3 server: each node downloads state.pt
+    once (the main rank's CRC check included), its ranks share that copy, every rank restores
+    the same weights, and the node copies are gone afterwards."""
+    pytest.importorskip("flask", reason="moto's ThreadedMotoServer needs moto[server]")
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="moto",
+            aws_secret_access_key="moto",
+        )
+        s3.create_bucket(Bucket="ckpt")
+        model, opt = _trained(0)
+        Checkpointer(S3Store("s3://ckpt/run", client=s3)).save(7, model, opt, run=RUN)
+        (tmp_path / "resume.py").write_text(RESUME_ON_A_NODE)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            master_port = probe.getsockname()[1]
+        nodes = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes=2",
+                    f"--node-rank={node}",
+                    "--nproc-per-node=2",
+                    "--master-addr=127.0.0.1",
+                    f"--master-port={master_port}",
+                    str(tmp_path / "resume.py"),
+                    str(tmp_path),
+                    endpoint,
+                    str(tmp_path / f"node-{node}-disk"),
+                    json.dumps(RUN),
+                ],
+                env=trainer_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=tmp_path,
+            )
+            for node in (0, 1)
+        ]
+        logs = [node.communicate(timeout=180)[0] for node in nodes]
+    finally:
+        server.stop()
+
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [r["step"] for r in ranks] == [7, 7, 7, 7]
+    # torchrun numbers node 0's ranks 0 and 1, node 1's ranks 2 and 3.
+    gets = [r["state_gets"] for r in ranks]
+    assert [gets[0] + gets[1], gets[2] + gets[3]] == [1, 1], gets
+    expected = sum(float(p.detach().double().sum()) for p in model.parameters())
+    assert all(r["weights"] == pytest.approx(expected, rel=1e-12) for r in ranks)
+    assert not (tmp_path / "node-0-disk").exists() and not (tmp_path / "node-1-disk").exists()

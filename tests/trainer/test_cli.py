@@ -44,3 +44,41 @@ def test_run_validates_before_training(tmp_path: Path) -> None:
         cli.main(["run", "--data", str(tmp_path), "--checkpoint-every", "5"])
     with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
         cli.main(["run", "--data", str(tmp_path), "--max-steps", "0"])
+
+
+def test_verify_data_is_off_unless_asked() -> None:
+    assert cli._parser().parse_args(["run", "--data", "d"]).verify_data is False
+    assert cli._parser().parse_args(["run", "--data", "d", "--verify-data"]).verify_data is True
+
+
+def test_compile_fills_the_cache_for_two_steps_and_saves_nothing(
+    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--data", str(corpus_dir), "--device", "cpu", "--compile", "none"]
+    args += ["--max-steps", "500", "--checkpoint-dir", str(tmp_path / "ck")]
+    args += ["--checkpoint-every", "1", "--metrics", str(tmp_path / "m.jsonl")]
+
+    assert cli.main(["compile", *args, "--compile-memory-gib", "0.01"]) == 0
+
+    assert '{"compiled_steps": 2}' in capsys.readouterr().err
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "m.jsonl").exists()
+
+
+def test_compile_stops_before_compiling_when_memory_is_short(
+    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(
+        ["compile", "--data", str(corpus_dir), "--device", "cpu", "--compile-memory-gib", "1e9"]
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: compiling needs 1000000000.0 GiB of host memory")
+    assert "GiB is available (" in err
+
+
+def test_compile_memory_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["compile", "--data", "d", "--compile-memory-gib", "0"])
+    assert "--compile-memory-gib must be a number of GiB above 0, got '0'" in (
+        capsys.readouterr().err
+    )

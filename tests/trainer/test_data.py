@@ -1,10 +1,16 @@
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from trainer import data
+from trainer import data, parallel
+from trainer.loop import open_dataset_per_node
 
 
 @pytest.fixture()
@@ -88,3 +94,87 @@ def test_corpus_is_byte_tokenized(corpus_dir: Path) -> None:
 def test_token_that_does_not_fit_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="token id 70000 does not fit uint16"):
         data.write_shard(tmp_path / "s.bin", np.array([70_000]), np.dtype("<u2"))
+
+
+def test_the_dataset_carries_its_manifest_sha256(numbered: Path) -> None:
+    manifest = numbered / data.MANIFEST
+    first = data.open_dataset(numbered).manifest_sha256
+    assert first == hashlib.sha256(manifest.read_bytes()).hexdigest()
+    manifest.write_text(manifest.read_text().replace('"tokenizer": "test"', '"tokenizer": "t2"'))
+    assert data.open_dataset(numbered).manifest_sha256 != first
+
+
+def test_training_checks_headers_and_sizes_and_hashes_only_on_request(
+    numbered: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards were hashed when staged: a restart reads 32 bytes and a size per shard, not the
+    whole dataset, unless asked to (``--verify-data``)."""
+    hashed: list[str] = []
+    real = data._sha256
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return str(real(path))
+
+    monkeypatch.setattr(data, "_sha256", counting)
+    one = parallel.Ranks()
+
+    assert open_dataset_per_node(str(numbered), one, None, verify=False).num_tokens == 3000
+    assert hashed == []
+    open_dataset_per_node(str(numbered), one, None, verify=True)
+    assert hashed == ["shard_00000.bin", "shard_00001.bin"]
+
+    shard = numbered / "shard_00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(data.ShardError, match=r"shard_00001\.bin: holds"):
+        open_dataset_per_node(str(numbered), one, None, verify=False)
+
+
+OPEN_PER_RANK = """
+import json, sys
+from pathlib import Path
+from trainer import data, loop, parallel
+
+ranks = parallel.ranks_from_env()
+parallel.init(ranks, "gloo")
+control = parallel.control_group(ranks)
+root = sys.argv[2 + ranks.rank]  # as if each rank's node mounted its own copy
+try:
+    result = {"tokens": loop.open_dataset_per_node(root, ranks, control, verify=False).num_tokens}
+except data.ShardError as error:
+    result = {"error": str(error)}
+(Path(sys.argv[1]) / f"rank-{ranks.rank}.json").write_text(json.dumps(result))
+parallel.shutdown()
+"""
+
+
+def test_a_short_shard_on_one_rank_stops_every_rank(
+    numbered: Path, tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Without a full re-hash each rank checks headers and sizes itself, and the ranks still
+    agree: a shard that is short where one rank reads it stops the other at once too, instead
+    of leaving it in a collective until the timeout."""
+    short = tmp_path / "short"
+    shutil.copytree(numbered, short)
+    shard = short / "shard_00001.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    script = tmp_path / "open.py"
+    script.write_text(OPEN_PER_RANK)
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    done = subprocess.run(
+        [*torchrun, str(script), str(tmp_path), str(numbered), str(short)],
+        env=trainer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert first == {
+        "error": f"shard {numbered}: failed its checks on another rank (see that rank's log)"
+    }
+    assert "shard_00001.bin: holds" in second["error"]

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer import device, stacks
+from trainer.config import PRESETS
+from trainer.model import GPT
 
 
 @pytest.fixture
@@ -68,3 +71,118 @@ def test_torchneuron_refuses_trainium1_naming_the_xla_stack() -> None:
 
 def test_each_stack_names_a_backend() -> None:
     assert {s.device for s in stacks.STACKS.values()} <= set(device.BACKENDS)
+
+
+# Per-chip dense BF16 TFLOPS and physical NeuronCores per chip, from the Neuron architecture
+# pages (Trainium, Trainium2, Trainium3), written out here rather than read from the catalog.
+CHIP = {"trn1": (190.0, 2), "trn2": (667.0, 8), "trn3": (671.0, 8)}
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "lnc_env", "expected_tflops"),
+    [
+        ("trn1.32xlarge", None, 190.0 / 2),  # Trn1: one physical core per rank
+        ("trn1n.32xlarge", None, 190.0 / 2),
+        ("trn2.48xlarge", None, 667.0 * 2 / 8),  # LNC=2 by default: 4 logical cores a chip
+        ("trn2.48xlarge", "1", 667.0 / 8),
+        ("trn2.3xlarge", None, 667.0 * 2 / 8),  # one chip: the same per-rank peak
+        ("trn2u.48xlarge", None, 667.0 * 2 / 8),
+        ("trn3.48xlarge", None, 671.0 * 2 / 8),
+        ("trn3.48xlarge", "1", 671.0 / 8),
+    ],
+)
+def test_a_ranks_peak_is_its_logical_cores_share_of_the_chip(
+    instance_type: str, lnc_env: str | None, expected_tflops: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rank per logical NeuronCore, whatever the number of ranks on the node: the peak of a
+    rank is the chip's x the logical core's physical cores / the chip's physical cores."""
+    if lnc_env is None:
+        monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc_env)
+    tflops, cores = CHIP[instance_type[:4]]
+    lnc = int(lnc_env or (1 if instance_type.startswith("trn1") else 2))
+    assert expected_tflops == pytest.approx(tflops * lnc / cores)
+    peak = device.neuron_peak_flops(instance_type, device.logical_nc_config(instance_type))
+    assert peak == pytest.approx(expected_tflops * 1e12, rel=1e-12)
+
+
+def test_the_xla_stack_asks_neuronx_cc_for_bf16_matmuls() -> None:
+    """neuronx-cc's --auto-cast defaults to none since Neuron 2.27: without the flag the xla
+    stack's matmuls run in FP32."""
+    assert device.compiler_precision(stacks.STACKS["xla"].cc_flags) == "bf16 matmult auto-cast"
+    assert device.compiler_precision(stacks.STACKS["native"].cc_flags) == "fp32"  # torch casts
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision"),
+    [
+        ("", "fp32"),
+        ("--model-type transformer", "fp32"),
+        ("--auto-cast=matmult", "bf16 matmult auto-cast"),
+        ("--auto-cast matmult --auto-cast-type fp16", "fp16 matmult auto-cast"),
+        ("--auto-cast=all --auto-cast-type=fp8_e4m3", "fp8_e4m3 all auto-cast"),
+        ("--auto-cast=matmult -O1 --auto-cast=none", "fp32"),  # the right-most one wins
+    ],
+)
+def test_precision_follows_the_compiler_flags(flags: str, precision: str) -> None:
+    assert device.compiler_precision(flags) == precision
+
+
+def test_an_unknown_auto_cast_mode_is_an_error() -> None:
+    with pytest.raises(
+        ValueError, match=r"NEURON_CC_FLAGS --auto-cast=matmul is unknown; use one of none, "
+    ):
+        device.compiler_precision("--auto-cast=matmul")
+
+
+def _unstarted(cls: type[device.Backend]) -> device.Backend:
+    """A backend object without its device modules (TorchNeuron and CUDA are not here)."""
+    return cls.__new__(cls)
+
+
+def test_cpu_trains_in_fp32_and_cuda_and_neuron_in_bf16_autocast() -> None:
+    assert device.Backend().precision() == "fp32"
+    assert _unstarted(device.NeuronBackend).precision() == "bf16 autocast"
+    assert _unstarted(device.CudaBackend).precision() == "bf16 autocast"
+
+
+def test_fsdp_gathers_bf16_and_reduces_fp32_where_the_backend_autocasts() -> None:
+    cpu = device.Backend().mixed_precision()
+    assert cpu.param_dtype is None and cpu.reduce_dtype is None  # FP32 throughout on CPU
+    policy = _unstarted(device.NeuronBackend).mixed_precision()
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+
+
+def _num_params(name: str) -> int:
+    with torch.device("meta"):
+        return GPT(PRESETS[name].model).num_params()
+
+
+def test_xla_refuses_fsdp() -> None:
+    """torch-neuronx (PyTorch/XLA) does not support FSDP2."""
+    with pytest.raises(
+        ValueError, match=r"parallel 'fsdp' is not available on device 'xla'.*--parallel ddp"
+    ):
+        device.XlaBackend.check_plan(
+            strategy="fsdp", preset="tiny", num_params=1000, instance_type="trn1.32xlarge"
+        )
+
+
+def test_xla_refuses_a_preset_a_trn1_core_cannot_hold() -> None:
+    """Unsharded AdamW in FP32 keeps 16 bytes per parameter; a Trn1 NeuronCore has half of a
+    32 GiB chip."""
+    n = _num_params("1b")
+    needed, available = n * 16, 32 * 2**30 // 2
+    assert needed > available
+    with pytest.raises(
+        ValueError,
+        match=rf"preset '1b' needs {needed:,} bytes of device memory per NeuronCore .*"
+        rf"a NeuronCore of trn1\.32xlarge has {available:,}",
+    ):
+        device.XlaBackend.check_plan(
+            strategy="ddp", preset="1b", num_params=n, instance_type="trn1.32xlarge"
+        )
+    device.XlaBackend.check_plan(
+        strategy="ddp", preset="125m", num_params=_num_params("125m"), instance_type="trn1.32xlarge"
+    )

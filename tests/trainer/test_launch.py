@@ -42,16 +42,20 @@ def test_job_values_win_over_defaults() -> None:
     assert env["NEURON_CC_FLAGS"] == "-O1"
 
 
-def test_root_comm_id_for_several_nodes() -> None:
+def test_root_comm_id_is_left_to_the_framework() -> None:
+    """TorchNeuron picks a free port on MASTER_ADDR itself; MASTER_PORT + 1 may be taken. A value
+    the job sets is passed through."""
     env = launch.job_environment(MULTI_NODE, compiler="x", kernel_release="6.1")
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
+    assert "NEURON_RT_ROOT_COMM_ID" not in env
+    chosen = MULTI_NODE | {"NEURON_RT_ROOT_COMM_ID": "10.0.0.5:45000"}
+    env = launch.job_environment(chosen, compiler="x", kernel_release="6.1")
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:45000"
 
 
 def test_kubeflow_trainer_rendezvous_variables_are_understood() -> None:
     pet = {f"PET_{k}": v for k, v in MULTI_NODE.items()} | {"PET_NPROC_PER_NODE": "64"}
     env = launch.job_environment(pet, compiler="x", kernel_release="6.1")
     assert {k: env[k] for k in MULTI_NODE} == MULTI_NODE
-    assert env["NEURON_RT_ROOT_COMM_ID"] == "10.0.0.5:29401"
     argv = launch.torchrun_argv(env, [])
     assert "--nnodes=4" in argv and "--node-rank=2" in argv and "--nproc-per-node=64" in argv
 
@@ -63,16 +67,78 @@ def test_ranks_follow_the_catalog_logical_cores() -> None:
     assert launch.ranks_per_node(lnc1) == 128
 
 
+def test_the_catalog_wins_over_the_cpu_count_kubeflow_injects(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Trainer 2.3.0 sets PET_NPROC_PER_NODE to the pod's CPU request (184 on trn2.48xlarge) when
+    the TrainJob names no numProcPerNode: the launcher runs one rank per logical NeuronCore."""
+    pod = {f"PET_{k}": v for k, v in MULTI_NODE.items()} | {
+        "PET_NPROC_PER_NODE": "184",
+        "TRN_INSTANCE_TYPE": "trn2.48xlarge",
+    }
+    env = launch.job_environment(pod, compiler="x", kernel_release="6.1")
+
+    argv = launch.torchrun_argv(env, [])
+
+    assert "--nproc-per-node=64" in argv
+    assert capsys.readouterr().err == (
+        "launch: trn2.48xlarge has 64 logical NeuronCores (NEURON_LOGICAL_NC_CONFIG=2); running "
+        "64 ranks per node, not NPROC_PER_NODE=184\n"
+    )
+
+
+@pytest.mark.parametrize("given", ["auto", "cpu", "gpu", "0", "-1", "8"])
+def test_a_contradicting_rank_count_never_stops_a_job(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"PET_NPROC_PER_NODE": given, "TRN_INSTANCE_TYPE": "trn1.32xlarge"}
+
+    assert launch.ranks_per_node(env) == 32
+    assert f"running 32 ranks per node, not PET_NPROC_PER_NODE={given}" in capsys.readouterr().err
+
+
+def test_a_count_that_agrees_with_the_catalog_is_taken_silently(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {"NPROC_PER_NODE": "64", "TRN_INSTANCE_TYPE": "trn3.48xlarge"}
+
+    assert launch.ranks_per_node(env) == 64
+    assert capsys.readouterr().err == ""
+
+
+def test_outside_a_job_a_whole_count_is_taken_and_a_word_falls_back_to_the_catalog(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert launch.ranks_per_node({"NPROC_PER_NODE": "2"}) == 2  # a CPU run, no instance type
+    assert capsys.readouterr().err == ""
+    assert launch.ranks_per_node({"NPROC_PER_NODE": "auto"}) == 64  # trn3.48xlarge
+    assert "not NPROC_PER_NODE=auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lnc", ["3", "0", "two"])
+def test_a_logical_core_size_that_does_not_divide_the_cores_is_refused(lnc: str) -> None:
+    env = {"TRN_INSTANCE_TYPE": "trn2.48xlarge", "NEURON_LOGICAL_NC_CONFIG": lnc}
+
+    with pytest.raises(
+        ValueError,
+        match=rf"NEURON_LOGICAL_NC_CONFIG '{lnc}' does not divide the 128 NeuronCores of "
+        r"trn2\.48xlarge; use 1 or 2",
+    ):
+        launch.ranks_per_node(env)
+
+
 def test_native_stack_leaves_casting_to_torch_autocast() -> None:
     env = launch.job_environment({"NEURON_STACK": "native"}, compiler="x", kernel_release="6.1")
     assert "--auto-cast=none" in env["NEURON_CC_FLAGS"].split()
 
 
-def test_xla_stack_lets_the_compiler_cast_matmuls_to_bf16() -> None:
-    """The XLA backend does not autocast: with --auto-cast=none its matmuls would run in FP32."""
+def test_xla_stack_asks_the_compiler_to_cast_matmuls_to_bf16() -> None:
+    """The XLA backend does not autocast, and neuronx-cc's --auto-cast defaults to none since
+    Neuron 2.27: without the flag its matmuls would run in FP32."""
     env = launch.job_environment({"NEURON_STACK": "xla"}, compiler="x", kernel_release="6.1")
-    assert "--auto-cast" not in env["NEURON_CC_FLAGS"]
-    assert "--model-type" in env["NEURON_CC_FLAGS"].split()
+    flags = env["NEURON_CC_FLAGS"].split()
+    assert "--auto-cast=matmult" in flags and "--auto-cast-type=bf16" in flags
+    assert "--model-type" in flags
 
 
 def test_compile_cache_is_keyed_by_compiler_version_and_flags() -> None:
@@ -244,16 +310,11 @@ def test_precompile_pass_overrides_steps_and_outputs(stack: str, prefix: str) ->
         ["--max-steps", "1000", "--checkpoint-dir", "/fsx/ck", "--checkpoint-every", "50"],
     )
     assert argv[0] == prefix
-    args = argv[argv.index("run") + 1 :]
-    from trainer.cli import _parser
+    args = argv[argv.index("compile") + 1 :]
+    from trainer.cli import _parser, compile_config
 
-    parsed = _parser().parse_args(["run", "--data", "d", *args])
-    assert (parsed.max_steps, parsed.checkpoint_dir, parsed.checkpoint_every, parsed.metrics) == (
-        2,
-        "",
-        0,
-        "",
-    )
+    cfg = compile_config(_parser().parse_args(["compile", "--data", "d", *args]))
+    assert (cfg.max_steps, cfg.checkpoint_dir, cfg.checkpoint_every, cfg.metrics) == (2, "", 0, "")
 
 
 @pytest.mark.parametrize(("stack", "device"), [("native", "neuron"), ("xla", "xla")])

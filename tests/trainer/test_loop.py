@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import device, metrics, optim, parallel
+from trainer import device, metrics, optim, parallel, report
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -53,6 +53,9 @@ def test_loss_falls(corpus_dir: Path, tmp_path: Path) -> None:
     assert result.last_loss == records[-1]["loss"] and not result.preempted
     for key in ("loss", "lr", "tokens_per_s", "mfu", "step_time_s", "grad_norm"):
         assert records[-1][key] > 0
+    # What the MFU is measured against: the CPU trains in FP32 against an FP32 matmul peak.
+    assert {r["precision"] for r in records} == {"fp32"}
+    assert report.title(tmp_path / "m.jsonl", records) == "m.jsonl (fp32)"
 
 
 def test_process_group_comes_before_the_device(
@@ -146,9 +149,16 @@ def test_kill_9_then_resume_is_bit_identical(
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert max(metrics.read(tmp_path / "m.jsonl"), key=lambda r: r["step"])["step"] < 40
+    logged_before = len((tmp_path / "m.jsonl").read_text().splitlines())
+    checkpoint = max(int(p.name.removeprefix("step_")) for p in (tmp_path / "ck").glob("step_*"))
+    assert 10 <= checkpoint < 40
 
     resumed = run_trainer(*args)
     assert resumed.returncode == 0, resumed.stderr
+    # Training is deterministic, so a run that retrained from step 0 would match the reference
+    # too: the resumed run must start after the newest checkpoint and train only the rest.
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()[logged_before:]
+    assert [json.loads(line)["step"] for line in lines] == list(range(checkpoint + 1, 41))
     expected = {r["step"]: r["loss"] for r in metrics.read(uninterrupted / "m.jsonl")}
     got = {r["step"]: r["loss"] for r in metrics.read(tmp_path / "m.jsonl")}
     assert got == expected  # every step's loss, bit for bit (JSON floats round-trip exactly)
@@ -227,10 +237,13 @@ def test_resume_maps_the_checkpoint_and_trains_without_it(
         device="cpu",
         compile="none",
         data=str(corpus_dir),
-        max_steps=2,
+        max_steps=4,
+        checkpoint_every=2,
         checkpoint_dir=str(tmp_path / "ck"),
     )
     train(cfg)
+    # As if stopped after step 2: the same run (same schedule) resumes there.
+    shutil.rmtree(tmp_path / "ck" / "step_00000004")
     stale = tmp_path / "ck" / ".staging-killed"
     stale.mkdir()
     (stale / "state.pt").write_bytes(b"\0" * 4096)
@@ -258,7 +271,7 @@ def test_resume_maps_the_checkpoint_and_trains_without_it(
 
     monkeypatch.setattr(torch, "load", load)
     monkeypatch.setattr(optim, "set_lr", set_lr)
-    result = train(dataclasses.replace(cfg, max_steps=4))
+    result = train(cfg)
 
     assert result.steps_done == 4
     assert [(k.get("map_location"), k.get("mmap")) for k in loads] == [("cpu", True)]

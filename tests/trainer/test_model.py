@@ -1,6 +1,11 @@
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
+from trainer import model as model_module
 from trainer.config import PRESETS, ModelConfig, preset
 from trainer.model import GPT
 
@@ -42,3 +47,45 @@ def test_invalid_shapes_and_unknown_preset_are_named() -> None:
         ModelConfig(n_layer=1, n_head=4, d_model=30, seq_len=8, vocab_size=8)
     with pytest.raises(ValueError, match="preset 'huge' is unknown; known: tiny, small, 125m, 1b"):
         preset("huge")
+
+
+LLAMA = ModelConfig(
+    n_layer=1, n_head=4, n_kv_head=2, d_model=32, seq_len=16, vocab_size=64, llama_style=True
+)
+
+
+def _bf16_parameters(model: GPT) -> GPT:
+    """What FSDP2's mixed precision gathers: BF16 parameters, buffers left as they are."""
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return model
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        # FSDP2's mixed precision gathers BF16 parameters; autocast computes matmuls in BF16.
+        lambda m: (_bf16_parameters(m), contextlib.nullcontext()),
+        lambda m: (m, torch.autocast("cpu", dtype=torch.bfloat16)),
+    ],
+    ids=["bf16-parameters", "bf16-autocast"],
+)
+def test_rope_keeps_queries_and_keys_in_the_activation_dtype(
+    setup: Callable[[GPT], tuple[GPT, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rotary tables are FP32 buffers; multiplied in as they are, they would promote q and k
+    to FP32 while v stays BF16."""
+    seen: list[tuple[torch.dtype, ...]] = []
+    real = model_module.F.scaled_dot_product_attention
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> torch.Tensor:
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", attention)
+    model, context = setup(GPT(LLAMA))
+    idx = torch.randint(0, 64, (2, 16))
+    with context:
+        loss = model(idx, idx)
+    assert torch.isfinite(loss)
+    assert seen == [(torch.bfloat16,) * 3]

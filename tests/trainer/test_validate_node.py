@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import trn_catalog
 from trainer import validate_node
+from trnctl import validation
 
 NEURON_LS = json.dumps(
     [
@@ -17,6 +23,11 @@ NEURON_LS = json.dumps(
         for i in range(16)
     ]
 )
+
+
+# The fakes below match trn2.48xlarge: 16 devices of 8 NeuronCores, 16 EFA interfaces.
+TRN2 = trn_catalog.get("trn2.48xlarge")
+CPU_OVER_TCP = "all-reduce ran on gloo (CPU over TCP), not a Neuron backend (neuron or xla)"
 
 
 def _script(path: Path, stdout: str, code: int = 0) -> str:
@@ -111,6 +122,17 @@ def test_node_mode_runs_an_allreduce_over_its_ranks_and_prints_one_line(tmp_path
     assert report["backend"] == "gloo"
     assert report["device"] == "cpu" and report["stack"] is None
     assert report["node_rank"] == 0
+    assert report["node"] == socket.gethostname()
+    # What `trnctl validate` makes of this very output: it finds every key it reads, the counts
+    # pass the catalog entry the fakes match, and only the CPU all-reduce is refused; against
+    # another type the counts that differ are named.
+    assert validation.parse(done.stdout) == report
+    assert validation.judge(0, "p", done.stdout, TRN2).problems == (CPU_OVER_TCP,)
+    assert validation.judge(0, "p", done.stdout, trn_catalog.get("trn1.32xlarge")).problems == (
+        "neuron cores 128, catalog 32 (32 logical)",
+        "EFA interfaces 16, catalog 8",
+        CPU_OVER_TCP,
+    )
 
 
 def test_node_mode_runs_on_the_image_stack_device_never_on_cpu(tmp_path: Path) -> None:
@@ -145,24 +167,52 @@ def test_node_mode_runs_on_the_image_stack_device_never_on_cpu(tmp_path: Path) -
     assert report["allreduce_ok"] is False
     assert "backend" not in report
     assert "device 'neuron' is not available" in report["error"]
+    assert report["node"] == socket.gethostname()
+    # trnctl's verdict on this output: the program's own error, nothing else.
+    verdict = validation.judge(0, "p", done.stdout, TRN2)
+    assert verdict.problems == (f"all-reduce failed: {report['error']}",)
 
 
-def test_what_trnctl_parses_is_what_the_program_prints(tmp_path: Path) -> None:
-    from trnctl import validation
+def test_the_timed_window_runs_the_all_reduce_on_a_lazy_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On XLA an all-reduce only queues a graph: it runs at the step mark. Each all-reduce is
+    followed by the step mark and the wait for the device before the clock is read again, so
+    the time is the transfer's; the fill before it is marked before the clock starts."""
+    import torch.distributed as dist
 
-    line = json.dumps(
-        {
-            "node": "n",
-            "node_rank": 0,
-            "neuron_devices": 16,
-            "neuron_cores": 128,
-            "efa_interfaces": 16,
-            "stack": "native",
-            "device": "neuron",
-            "allreduce_ok": True,
-            "allreduce_gbps": 1.0,
-            "backend": "neuron",
-        }
-    )
+    from trainer import device
 
-    assert validation.parse(f"noise\n{line}\n") == json.loads(line)
+    events: list[str] = []
+    real_all_reduce, real_clock = dist.all_reduce, validate_node.time.perf_counter
+
+    def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append("all_reduce")
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    def clock() -> float:
+        events.append("clock")
+        return real_clock()
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(validate_node.time, "perf_counter", clock)
+    monkeypatch.setattr(device.Backend, "step_boundary", lambda self: events.append("mark"))
+    monkeypatch.setattr(device.Backend, "synchronize", lambda self: events.append("wait"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in dict(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    ).items():
+        monkeypatch.setenv(name, value)
+
+    result = validate_node.allreduce(1, 3, "cpu")
+
+    assert result["allreduce_ok"] is True
+    rounds = [i for i, e in enumerate(events) if e == "all_reduce"][:4]  # warm-up and 3 timed
+    assert len(rounds) == 4
+    for i in rounds:
+        assert events[i - 3 : i] == ["mark", "wait", "clock"]  # the fill ran before the clock
+        assert events[i + 1 : i + 3] == ["mark", "wait"]  # the transfer ran inside the window
+    for i in rounds[1:]:
+        assert events[i + 3] == "clock"

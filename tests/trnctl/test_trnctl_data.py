@@ -241,3 +241,32 @@ def test_staging_needs_numpy_but_not_torch(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(list(tmp_path.glob("*.bin"))) == 3
+
+
+def test_the_summary_names_the_manifest_hash_the_trainer_records(
+    trnctl: Any, s3: Any, corpus: Path, tmp_path: Path
+) -> None:
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny/v1")
+
+    dataset = shard_format.open_dataset(download(s3, "tiny/v1/", tmp_path / "back"), verify=False)
+    assert f"manifest sha256 {dataset.manifest_sha256}" in run.stdout
+
+
+def test_staging_hashes_every_shard_before_it_uploads(
+    s3: Any, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard whose bytes stop matching its recorded SHA-256 between writing and uploading is
+    caught by the full check at staging, and nothing is uploaded."""
+    real_write = shard_format.write_shard
+
+    def write_then_flip(path: Path, tokens: Any, dtype: Any) -> str:
+        digest = real_write(path, tokens, dtype)
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        return digest
+
+    monkeypatch.setattr(shard_format, "write_shard", write_then_flip)
+    with pytest.raises(shard_format.ShardError, match=r"shard_00000\.bin: checksum mismatch"):
+        data.build_shards(corpus, corpus.parent / "work", shard_tokens=SHARD_TOKENS)
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)

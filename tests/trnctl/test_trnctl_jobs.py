@@ -1,7 +1,9 @@
-"""TrainJob rendering and `job submit --dry-run`: names, schema, arguments, runtime drift."""
+"""TrainJob rendering and `job submit --dry-run`: names, schema, arguments, ranks per node. (The
+runtime drift check runs on the synthesized runtime in tests/conformance/test_runtime_seam.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from test_trnctl_aws import OUTPUTS
 
 import trn_catalog
 from trn_catalog import workspace as ws
-from trnctl import jobs, kube
+from trnctl import jobs, kube, validation
 from trnctl.errors import ExitCode, TrnctlError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,10 +120,34 @@ def test_the_image_stack_picks_the_device_of_a_submitted_job(stack: str, device:
 
 def test_schema_errors_name_the_path() -> None:
     job = jobs.render(name="train-x", outputs=OUTPUTS, nodes=1, args=[])
-    job["spec"]["trainer"]["numNodes"] = 0
+    job["spec"]["trainer"]["numProcPerNode"] = "auto"
 
-    with pytest.raises(TrnctlError, match=r"schema at spec\.trainer\.numNodes: 0 is less") as e:
+    with pytest.raises(
+        TrnctlError, match=r"schema at spec\.trainer\.numProcPerNode: 'auto' is not of type"
+    ) as e:
         jobs.check_schema(job)
+    assert e.value.exit_code == ExitCode.FAILED
+
+
+@pytest.mark.parametrize("instance_type", sorted(trn_catalog.CATALOG))
+def test_every_trainjob_runs_a_rank_per_logical_neuroncore(instance_type: str) -> None:
+    """Trainer 2.3.0 hands torchrun the pod's CPU request (184 on trn2.48xlarge) as the ranks per
+    node when a TrainJob names none and asks for no GPU: every job trnctl renders names them."""
+    outputs = replace(OUTPUTS, instance_type=instance_type)
+    cores = trn_catalog.get(instance_type).logical_neuron_cores
+
+    train = jobs.render(name="train-x", outputs=outputs, nodes=1, args=[])
+    check = validation.render(outputs, now=NOW)
+
+    assert train["spec"]["trainer"]["numProcPerNode"] == cores
+    assert check["spec"]["trainer"]["numProcPerNode"] == cores
+
+
+def test_an_environment_whose_type_left_the_catalog_is_refused() -> None:
+    outputs = replace(OUTPUTS, instance_type="trn9.48xlarge")
+
+    with pytest.raises(TrnctlError, match=r"environment 'trn-dev': .*trn9\.48xlarge") as e:
+        jobs.render(name="train-x", outputs=outputs, nodes=1, args=[])
     assert e.value.exit_code == ExitCode.FAILED
 
 
@@ -163,6 +189,7 @@ def test_dry_run_prints_the_trainjob_and_calls_no_kubernetes(
         "trn-platform/preset": "125m",
     }
     assert job["spec"]["trainer"]["numNodes"] == 2
+    assert job["spec"]["trainer"]["numProcPerNode"] == 64  # trn2.48xlarge: 128 cores, LNC 2
     assert job["spec"]["trainer"]["args"][-2:] == ["--max-steps", "50"]
     jobs.check_schema(job)
 
@@ -219,40 +246,18 @@ def test_submit_errors_are_one_line(
     assert run.stderr == line
 
 
-def _runtime(spec: trn_catalog.InstanceSpec, *, efa: int | None = None) -> dict[str, Any]:
-    """The shape of the workspace's runtime, with the catalog's figures (or a wrong EFA)."""
-    limits = {
-        "aws.amazon.com/neuron": spec.chips,
-        "vpc.amazonaws.com/efa": spec.efa_interfaces if efa is None else efa,
-        "hugepages-2Mi": "5120Mi",
-    }
-    pod = {"containers": [{"name": "node", "resources": {"limits": limits}}]}
-    return {
-        "spec": {
-            "mlPolicy": {"torch": {"numProcPerNode": spec.logical_neuron_cores}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
-                    ]
-                }
-            },
-        }
-    }
+def test_precompile_sets_the_entrypoints_variable(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    """--precompile has each node's entrypoint run `trn-train compile` before the run; without
+    it the TrainJob carries no env of its own."""
+    base = ["job", "submit", "--env", "trn-dev", "--preset", "tiny", "--data", "d", "--dry-run"]
 
+    job = yaml.safe_load(trnctl(*base, "--precompile").stdout)
+    plain = yaml.safe_load(trnctl(*base).stdout)
 
-def test_runtime_drift_is_empty_when_the_runtime_matches_the_catalog() -> None:
-    spec = trn_catalog.get("trn2.48xlarge")
+    from trainer import launch
 
-    assert jobs.runtime_drift(_runtime(spec), spec) == []
-
-
-def test_runtime_drift_names_a_wrong_efa_count() -> None:
-    spec = trn_catalog.get("trn2.48xlarge")
-
-    assert jobs.runtime_drift(_runtime(spec, efa=8), spec) == [
-        "vpc.amazonaws.com/efa 8 (catalog: 16)"
-    ]
-    assert jobs.runtime_drift({"spec": {}}, spec) == [
-        "it has no 'node' replicated job with a 'node' container"
-    ]
+    assert job["spec"]["trainer"]["env"] == [{"name": launch.PRECOMPILE_ENV, "value": "1"}]
+    assert "env" not in plain["spec"]["trainer"]
+    jobs.check_schema(job)

@@ -31,17 +31,25 @@ def _runtime(efa: int = SPEC.efa_interfaces) -> dict[str, Any]:
         "vpc.amazonaws.com/efa": efa,
         "hugepages-2Mi": "5120Mi",
     }
-    pod = {"containers": [{"name": "node", "resources": {"limits": limits}}]}
+    env = [{"name": "TRN_INSTANCE_TYPE", "value": SPEC.name}]
+    pod = {"containers": [{"name": "node", "env": env, "resources": {"limits": limits}}]}
+    trainer = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainingRuntime",
         "metadata": {"name": "neuron-torch", "namespace": "training"},
         "spec": {
-            "mlPolicy": {"torch": {"numProcPerNode": SPEC.logical_neuron_cores}},
+            "mlPolicy": {"torch": {}},
             "template": {
                 "spec": {
                     "replicatedJobs": [
-                        {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
+                        {
+                            "name": "node",
+                            "template": {
+                                "metadata": {"labels": trainer},
+                                "spec": {"template": {"spec": pod}},
+                            },
+                        }
                     ]
                 }
             },

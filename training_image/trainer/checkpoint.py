@@ -10,12 +10,20 @@ checkpoint streams its CRC, and falls back to the next older checkpoint, with a
 
 Loading memory-maps ``state.pt`` (``torch.load(mmap=True)``) rather than reading it into each
 process: the ranks of a node then share one copy of its pages in the page cache, and a rank's
-own memory holds only what it copies into its model and optimizer.
+own memory holds only what it copies into its model and optimizer. From S3 a node downloads
+each file once, into node-local disk that its ranks share (the first rank to take the lock
+downloads, the others wait for it and read the same file), not once per rank.
+
+``meta.json`` also records the run's configuration (:func:`run_config`: preset, seed, global
+batch, learning-rate schedule, data manifest); :func:`resume_newest` refuses to resume a run
+whose configuration differs, naming each field, rather than continue a different run silently.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import mmap
 import os
@@ -23,12 +31,12 @@ import shutil
 import tempfile
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -39,6 +47,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from trainer import parallel
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from trainer.config import TrainConfig
 
 STATE, META = "state.pt", "meta.json"
 FORMAT = "trn-train-checkpoint-v1"
@@ -54,6 +69,11 @@ class CorruptCheckpointWarning(UserWarning):
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be read; the message names it and the reason."""
+
+
+class RunConfigError(ValueError):
+    """Resuming would change the run's configuration; the message names each field, the
+    checkpoint's value and this run's."""
 
 
 def name_for(step: int) -> str:
@@ -84,6 +104,11 @@ class Store(Protocol):
     def remove_stale(self) -> list[str]:
         """Removes what saves killed midway left behind and returns what it removed. Only for
         the writing rank, before its first save."""
+        ...
+
+    def drop_local_copies(self) -> None:
+        """Deletes this node's copies of remote files; one rank per node, once every rank of
+        the node has loaded what it needs."""
         ...
 
 
@@ -146,11 +171,20 @@ class LocalStore:
         _fsync_dir(self.root)
         return removed
 
+    def drop_local_copies(self) -> None:
+        """Nothing: files are read where they are."""
+
 
 class S3Store:
-    """``s3://bucket/prefix``; boto3 is imported only here. ``meta.json`` goes up last."""
+    """``s3://bucket/prefix``; boto3 is imported only here. ``meta.json`` goes up last.
 
-    def __init__(self, uri: str, client: Any = None) -> None:
+    Files read for loading are downloaded once per node into ``node_cache`` (default: a
+    directory for this prefix under the system's temporary directory, node-local in a pod),
+    keyed by the object's ETag so that a checkpoint replaced at the same step is never read from
+    an older copy.
+    """
+
+    def __init__(self, uri: str, client: Any = None, *, node_cache: Path | None = None) -> None:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.bucket, self.prefix = bucket, prefix.strip("/")
         if client is None:
@@ -158,6 +192,8 @@ class S3Store:
 
             client = boto3.client("s3")
         self.s3 = client
+        digest = hashlib.sha256(f"{self.bucket}/{self.prefix}".encode()).hexdigest()[:16]
+        self.node_cache = node_cache or Path(tempfile.gettempdir()) / f"trn-checkpoints-{digest}"
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -191,20 +227,30 @@ class S3Store:
 
     @contextlib.contextmanager
     def local_file(self, name: str, file: str) -> Iterator[Path]:
-        """A download into a temporary directory (streamed by boto3), removed at the end; a
-        memory map of it stays valid after that."""
+        """This node's copy of ``file``: the first process of the node to take the copy's lock
+        downloads it (streamed by boto3, renamed into place when complete); the others wait on
+        the lock and read the same file. It stays until :meth:`drop_local_copies`."""
+        yield self._node_copy(self._key(name, file), file)
+
+    def _node_copy(self, key: str, file: str) -> Path:
         from botocore.exceptions import ClientError
 
-        folder = Path(tempfile.mkdtemp(prefix="trn-ckpt-load-"))
         try:
+            etag = self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"].strip('"')
+            folder = self.node_cache / hashlib.sha256(f"{key}@{etag}".encode()).hexdigest()[:24]
+            folder.mkdir(parents=True, exist_ok=True)
             path = folder / file
-            try:
-                self.s3.download_file(self.bucket, self._key(name, file), str(path))
-            except ClientError as e:
-                raise OSError(f"s3://{self.bucket}/{self._key(name, file)}: {e}") from e
-            yield path
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            with _exclusive(folder / ".lock"):
+                if not path.is_file():
+                    partial = folder / f".{file}.partial"
+                    self.s3.download_file(self.bucket, key, str(partial))
+                    os.replace(partial, path)
+        except ClientError as e:
+            raise OSError(f"s3://{self.bucket}/{key}: {e}") from e
+        return path
+
+    def drop_local_copies(self) -> None:
+        shutil.rmtree(self.node_cache, ignore_errors=True)
 
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
@@ -230,6 +276,17 @@ class S3Store:
 def open_store(location: str) -> Store:
     """An :class:`S3Store` for ``s3://`` URIs, else a :class:`LocalStore` (created if missing)."""
     return S3Store(location) if location.startswith("s3://") else LocalStore(location)
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``lock`` (created if missing) across the processes of a node."""
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -270,8 +327,16 @@ class Checkpointer:
     keep: int = 3
 
     def save(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, *, main: bool = True
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        main: bool = True,
+        run: Mapping[str, object] | None = None,
     ) -> str:
+        """Writes checkpoint ``step`` (on the main rank; the others only take part in gathering)
+        and returns its name; ``run`` (see :func:`run_config`) goes into ``meta.json``."""
         state = {
             "format": FORMAT,
             "step": step,
@@ -284,7 +349,14 @@ class Checkpointer:
             return name
         staged = self.store.staging()
         size, crc = _write_state(state, staged / STATE)
-        meta = {"format": FORMAT, "step": step, "bytes": size, "crc32": f"{crc:08x}"}
+        meta: dict[str, object] = {
+            "format": FORMAT,
+            "step": step,
+            "bytes": size,
+            "crc32": f"{crc:08x}",
+        }
+        if run is not None:
+            meta["run"] = dict(run)
         with (staged / META).open("w") as f:
             json.dump(meta, f)
             f.flush()
@@ -298,6 +370,19 @@ class Checkpointer:
         """What saves killed midway left behind, removed (see :meth:`Store.remove_stale`). Call
         it on the writing rank before its first save."""
         return self.store.remove_stale()
+
+    def run_of(self, name: str) -> dict[str, object] | None:
+        """The run configuration checkpoint ``name`` was saved with; None for a checkpoint
+        written before checkpoints recorded it.
+
+        Raises:
+            CheckpointError: ``meta.json`` is unreadable.
+        """
+        try:
+            run = json.loads(self.store.read(name, META)).get("run")
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        return dict(run) if isinstance(run, dict) else None
 
     def verify(self, name: str) -> None:
         """Checks the format, size and CRC-32 of checkpoint ``name``, reading ``state.pt`` a
@@ -378,3 +463,76 @@ def _crc32(path: Path) -> int:
         while n := f.readinto(buffer):
             crc = zlib.crc32(view[:n], crc)
     return crc
+
+
+def run_config(cfg: TrainConfig, *, world_size: int, manifest_sha256: str) -> dict[str, object]:
+    """What a resumed run must share with the run that saved the checkpoint: the preset, the
+    seed, the global batch (sequences per optimizer step, however ranks and accumulation split
+    it), the learning-rate schedule and the data (its manifest's SHA-256)."""
+    return {
+        "preset": cfg.preset,
+        "seed": cfg.seed,
+        "global_batch": cfg.batch_per_rank * world_size * cfg.grad_accum,
+        "peak_lr": cfg.peak_lr,
+        "min_lr_ratio": cfg.min_lr_ratio,
+        "warmup_steps": cfg.warmup,
+        "max_steps": cfg.max_steps,
+        "data_manifest_sha256": manifest_sha256,
+    }
+
+
+def check_resume(name: str, saved: Mapping[str, object] | None, run: Mapping[str, object]) -> None:
+    """Refuses to resume from checkpoint ``name`` with a configuration other than ``saved``;
+    a checkpoint that recorded none (written before this check existed) is accepted.
+
+    Raises:
+        RunConfigError: naming every field that differs with both values.
+    """
+    if saved is None:
+        return
+    changed = [
+        f"{field} {saved.get(field)!r} in the checkpoint, {value!r} now"
+        for field, value in run.items()
+        if saved.get(field) != value
+    ]
+    if changed:
+        raise RunConfigError(
+            f"refusing to resume from checkpoint {name}: the run's configuration changed "
+            f"({'; '.join(changed)}); resume with the same settings, or start a new run in "
+            "another checkpoint directory"
+        )
+
+
+def resume_newest(
+    checkpointer: Checkpointer,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    run: Mapping[str, object],
+    ranks: parallel.Ranks,
+    group: dist.ProcessGroup | None,
+) -> int:
+    """Resumes every rank from the newest valid checkpoint and returns the step to train next
+    (0 when there is none). The main rank removes what killed saves left behind, then verifies
+    (streaming the CRC) and chooses; every rank checks ``run`` against the checkpoint's
+    (:func:`check_resume`) and maps the state, which from S3 each node downloads once; after
+    every rank has loaded, one rank per node drops the node's copies.
+
+    Raises:
+        RunConfigError: the checkpoint was saved with another configuration.
+        CheckpointError: the chosen checkpoint cannot be read.
+    """
+    if ranks.is_main:
+        checkpointer.remove_stale()
+    chosen = parallel.broadcast_object(
+        checkpointer.newest_valid() if ranks.is_main else None, ranks, group
+    )
+    if chosen is None:
+        return 0
+    name = str(chosen)
+    check_resume(name, checkpointer.run_of(name), run)
+    step = checkpointer.resume(name, model, optimizer, verify=False)
+    parallel.any_rank(False, ranks, group)  # every rank holds its state: the copies can go
+    if ranks.local_rank == 0:
+        checkpointer.store.drop_local_copies()
+    return step

@@ -1,14 +1,40 @@
-"""``trn-train``: prepare-data, run and report."""
+"""``trn-train``: prepare-data, run, compile and report.
+
+``compile`` fills the compile cache ahead of a run: the same job for a few steps, without
+checkpoints or metrics, after checking that the node's host memory holds the compilers. It runs
+where the run will, on the trn nodes: the Neuron documentation reads for this trainer describes
+``neuron_parallel_compile`` (the XLA stack) as extracting graphs from a trial run of the
+training script, and documents no device-free compile of TorchNeuron training graphs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.config import PRESETS, TrainConfig
+from trainer.launch import PRECOMPILE_STEPS
+
+# Host memory one compiling process is assumed to need when neither --compile-memory-gib nor
+# TRN_COMPILE_MEMORY_GIB says: a floor chosen for this trainer's presets, not a Neuron figure.
+DEFAULT_COMPILE_MEMORY_GIB = 8.0
+
+
+def _positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--compile-memory-gib must be a number of GiB above 0, got {text!r}"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,8 +46,30 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--corpus", help="directory of .txt files (default: the shipped corpus)")
     prep.add_argument("--shard-tokens", type=int, default=1 << 16)
 
-    d = TrainConfig()
     run = sub.add_parser("run", help="train, resuming from the newest valid checkpoint")
+    _add_training_args(run)
+    comp = sub.add_parser(
+        "compile",
+        help=f"fill the compile cache: the run's flags, {PRECOMPILE_STEPS} steps, nothing saved",
+    )
+    _add_training_args(comp)
+    comp.add_argument(
+        "--compile-memory-gib",
+        type=_positive_gib,
+        # A string default goes through type= like a flag, so a bad variable is refused alike.
+        default=os.environ.get("TRN_COMPILE_MEMORY_GIB", str(DEFAULT_COMPILE_MEMORY_GIB)),
+        help="host memory per compiling process (each rank of the node compiles); default "
+        "TRN_COMPILE_MEMORY_GIB or %(default)s",
+    )
+
+    rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
+    rep.add_argument("metrics")
+    rep.add_argument("--out", required=True)
+    return p
+
+
+def _add_training_args(run: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
     run.add_argument("--preset", choices=list(PRESETS), default=d.preset)
     run.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default=d.device)
     run.add_argument(
@@ -56,11 +104,12 @@ def _parser() -> argparse.ArgumentParser:
         help="after the first step, a recompile is an error",
     )
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-
-    rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
-    rep.add_argument("metrics")
-    rep.add_argument("--out", required=True)
-    return p
+    run.add_argument(
+        "--verify-data",
+        action="store_true",
+        help="re-hash every shard against the manifest (once per node) before training; "
+        "by default the manifest, headers and sizes are checked",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report.plot(args.metrics, args.out))
         return 0
 
+    if args.command == "compile":
+        return _compile(args)
+
     from trainer.loop import train
 
     options = {k: v for k, v in vars(args).items() if k != "command"}
@@ -95,4 +147,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         file=sys.stderr,
     )
+    return 0
+
+
+def compile_config(args: argparse.Namespace) -> TrainConfig:
+    """The run that ``trn-train compile`` makes of the run's flags: :data:`PRECOMPILE_STEPS`
+    steps, no checkpoints (neither written nor resumed), no metrics, no progress bar.
+
+    Raises:
+        ValueError: the flags do not make a valid run (see :meth:`TrainConfig.validate`).
+    """
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "compile_memory_gib")}
+    cfg = dataclasses.replace(
+        TrainConfig(**options),
+        max_steps=PRECOMPILE_STEPS,
+        checkpoint_dir="",
+        checkpoint_every=0,
+        metrics="",
+        progress=False,
+    )
+    cfg.validate()
+    return cfg
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """``trn-train compile``: checks the node's host memory for one compiler per rank of the
+    node (``LOCAL_WORLD_SIZE``), then trains :func:`compile_config`. Returns 1, after one line
+    on stderr, when the memory would not hold the compilers."""
+    from trainer import hostmem
+
+    cfg = compile_config(args)
+    ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:
+        hostmem.check_for_compile(args.compile_memory_gib, ranks_on_node, hostmem.available())
+    except hostmem.CompileMemoryError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    from trainer.loop import train
+
+    result = train(cfg)
+    print(json.dumps({"compiled_steps": result.steps_done}), file=sys.stderr)
     return 0

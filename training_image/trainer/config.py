@@ -111,7 +111,8 @@ class TrainConfig:
     :func:`trainer.device.select`), ``compile="auto"`` (the backend's own choice), micro batch,
     learning rate and parallelism from the preset when left at 0/None,
     warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
-    (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints.
+    (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
+    shards checked by header and size (``verify_data``: also every shard's SHA-256).
     """
 
     preset: str = "tiny"
@@ -138,6 +139,7 @@ class TrainConfig:
     fail_on_recompile: bool = False
     progress: bool | None = None
     peak_flops: float = 0.0
+    verify_data: bool = False
 
     @property
     def model(self) -> ModelConfig:

@@ -4,6 +4,12 @@ Shard file: a 32-byte header (magic ``TRNSHRD1``, format version, bytes per toke
 little-endian) followed by the tokens as little-endian uint16 or uint32. ``manifest.json`` lists
 each shard's name, token count and SHA-256 with the tokenizer id, vocabulary size and dtype.
 
+Shards are hashed in full when they are written and staged (``trnctl data stage`` checks them
+with this module's reader before it uploads them, and S3 checks each part's SHA-256). Opening a
+dataset for training checks the manifest, each shard's header and size, and records the
+manifest's own SHA-256, which pins every shard's hash; re-hashing every shard is a choice
+(``verify``), as it reads the whole dataset.
+
 Batches are drawn by :class:`WindowSampler` from ``(seed, step)`` alone; each rank reads its slice
 of the step's global batch, so a resumed run sees exactly the batches it would have seen, and one
 rank accumulating gradients over N micro-steps sees the same global batch as N ranks.
@@ -145,6 +151,7 @@ class Dataset:
     vocab_size: int
     shards: tuple[np.memmap, ...]
     names: tuple[str, ...]
+    manifest_sha256: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -152,15 +159,17 @@ class Dataset:
 
 
 def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
-    """Opens a directory written by :func:`write_dataset`, checking each shard's header and (with
-    ``verify``, the default) its SHA-256 against the manifest.
+    """Opens a directory written by :func:`write_dataset`, checking each shard's header and size
+    and (with ``verify``, the default) its SHA-256 against the manifest; the dataset carries the
+    manifest's SHA-256.
 
     Raises:
         ShardError: the manifest or a shard is missing or wrong; the message names the shard.
     """
     root = Path(root)
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
+        raw_manifest = (root / MANIFEST).read_bytes()
+        manifest = json.loads(raw_manifest)
         entries = manifest["shards"]
         dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -191,7 +200,12 @@ def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
         maps.append(np.memmap(path, dtype=dtype, mode="r", offset=HEADER.size, shape=(count,)))
         names.append(entry["name"])
     return Dataset(
-        root, manifest["tokenizer"], int(manifest["vocab_size"]), tuple(maps), tuple(names)
+        root,
+        manifest["tokenizer"],
+        int(manifest["vocab_size"]),
+        tuple(maps),
+        tuple(names),
+        hashlib.sha256(raw_manifest).hexdigest(),
     )
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from trainer import stacks
+from trainer.config import Parallel
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 # Where the Neuron device plugin puts a node's devices (/dev/neuron0, ...) in the container.
@@ -37,6 +38,12 @@ class Backend:
     dist_backend: ClassVar[str] = "gloo"
     default_compile: ClassVar[str | None] = None
     autocast_dtype: ClassVar[torch.dtype | None] = None
+    # FSDP2's dtype for gradient reduce-scatters when parameters are gathered in autocast_dtype:
+    # FP32, as torchtitan defaults, since BF16 sums over many ranks lose the small gradients.
+    fsdp_reduce_dtype: ClassVar[torch.dtype] = torch.float32
+    # DDP and FSDP2 all-reduce gradients during backward; a backend without them reduces in
+    # reduce_gradients, and the model is then not wrapped.
+    reduces_in_backward: ClassVar[bool] = True
     device: torch.device  # set by start()
 
     def __init__(self, *, compile_backend: str = "auto", local_rank: int = 0) -> None:
@@ -69,13 +76,20 @@ class Backend:
     def check_instance(cls, instance_type: str) -> None:
         """Raises ValueError when this backend cannot run on ``instance_type``."""
 
+    @classmethod
+    def check_plan(
+        cls, *, strategy: Parallel, preset: str, num_params: int, instance_type: str
+    ) -> None:
+        """Raises ValueError when this backend cannot train ``preset`` (``num_params``
+        parameters) with ``strategy`` on ``instance_type``; every plan passes by default."""
+
     def _device(self) -> torch.device:
         return torch.device("cpu")
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
 
-    def compile(self, fn: nn.Module) -> Callable[..., torch.Tensor]:
+    def compile(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """Static shapes and one graph: a graph break or a dynamic shape is an error, not a
         silent slowdown (the Neuron backend rejects ``dynamic=True`` anyway)."""
         if self.compile_backend is None:
@@ -100,10 +114,32 @@ class Backend:
     def synchronize(self) -> None:
         """Waits for queued device work, so that a wall-clock interval measures it."""
 
-    def peak_flops(self, *, instance_type: str, local_world_size: int) -> float | None:
+    def mixed_precision(self) -> Any:
+        """FSDP2's :class:`~torch.distributed.fsdp.MixedPrecisionPolicy`: parameters gathered in
+        :attr:`autocast_dtype` and gradients reduced in :attr:`fsdp_reduce_dtype` where the
+        backend autocasts; no casting (FP32 throughout) where it does not, as on CPU."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.autocast_dtype is None:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(
+            param_dtype=self.autocast_dtype, reduce_dtype=self.fsdp_reduce_dtype
+        )
+
+    def precision(self) -> str:
+        """What the matmuls run in, for the metrics: ``fp32``, or the autocast dtype."""
+        if self.autocast_dtype is None:
+            return "fp32"
+        return f"{_dtype_name(self.autocast_dtype)} autocast"
+
+    def peak_flops(self, *, instance_type: str) -> float | None:
         """Dense peak FLOP/s available to one rank, or None when unknown. CPU: an fp32 matmul
         measured once per process (the model trains in fp32 there)."""
         return measured_cpu_matmul_flops()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 @cache
@@ -144,7 +180,7 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def peak_flops(self, *, instance_type: str, local_world_size: int) -> float | None:
+    def peak_flops(self, *, instance_type: str) -> float | None:
         name = torch.cuda.get_device_name(self.device)
         return next((v for k, v in self.PEAK_BF16.items() if k in name), None)
 
@@ -183,12 +219,27 @@ class NeuronBackend(Backend):
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.device)
 
-    def peak_flops(self, *, instance_type: str, local_world_size: int) -> float | None:
-        return neuron_peak_flops(instance_type, local_world_size)
+    def peak_flops(self, *, instance_type: str) -> float | None:
+        return neuron_peak_flops(instance_type, logical_nc_config(instance_type))
 
 
-def neuron_peak_flops(instance_type: str, local_world_size: int) -> float:
-    """The node's BF16 peak (chips x the catalog's per-chip figure) shared among the node's ranks.
+def logical_nc_config(instance_type: str) -> int:
+    """Physical NeuronCores per logical core: ``NEURON_LOGICAL_NC_CONFIG``, else the catalog's
+    default for the instance type (2 on Trn2/Trn3, 1 on Trn1).
+
+    Raises:
+        trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
+    """
+    import trn_catalog
+
+    default = trn_catalog.get(instance_type).default_lnc
+    return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", default))
+
+
+def neuron_peak_flops(instance_type: str, lnc: int) -> float:
+    """The BF16 peak of one rank: the Neuron backends pin each rank to one logical NeuronCore
+    of ``lnc`` physical cores, so a rank has ``lnc`` of its chip's cores, whatever the number
+    of ranks on the node (the catalog's per-chip peak x lnc / physical cores per chip).
 
     Raises:
         trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
@@ -196,25 +247,48 @@ def neuron_peak_flops(instance_type: str, local_world_size: int) -> float:
     import trn_catalog
 
     spec = trn_catalog.get(instance_type)
-    return spec.peak_bf16_tflops * 1e12 / max(1, local_world_size)
+    return spec.bf16_tflops_per_chip * 1e12 * lnc / spec.neuron_cores_per_chip
+
+
+def device_memory_per_rank(instance_type: str, lnc: int) -> int:
+    """Bytes of device memory (HBM) behind one logical NeuronCore of ``lnc`` physical cores.
+
+    Raises:
+        trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
+    """
+    import trn_catalog
+
+    spec = trn_catalog.get(instance_type)
+    return spec.device_memory_gib_per_chip * (1 << 30) * lnc // spec.neuron_cores_per_chip
+
+
+# Bytes per parameter of unsharded AdamW training in FP32: the weight, its gradient and the two
+# moment estimates.
+TRAIN_STATE_BYTES_PER_PARAM = 4 + 4 + 4 + 4
 
 
 class XlaBackend(Backend):
     """Legacy PyTorch/XLA (torch-neuronx <= 2.9, Neuron SDK <= 2.29 for training; the stack for
     Trn1; also CPU with ``PJRT_DEVICE=CPU``). Lazy tensors: the step is cut with ``mark_step``,
-    the loader moves batches in the background, and gradients are all-reduced before clipping.
+    the loader moves batches in the background, and gradients are all-reduced once, by
+    ``xm.reduce_gradients`` before clipping: the model is never wrapped in DDP here, and FSDP2,
+    which torch-neuronx does not support, is refused (:meth:`check_plan`).
 
-    Precision: the model stays FP32 and no autocast runs here; neuronx-cc casts FP32 matmuls to
-    BF16 by default (Neuron's mixed-precision guide), which is why the image's launcher leaves
-    ``--auto-cast=none`` out of ``NEURON_CC_FLAGS`` for this stack, and why MFU is measured
-    against the BF16 peak (a job that sets ``--auto-cast=none`` itself runs FP32 matmuls and
-    reads a lower MFU against it, never a higher one)."""
+    Precision: the model stays FP32 and no autocast runs here; the compiler casts. Since Neuron
+    2.27 neuronx-cc's ``--auto-cast`` defaults to ``none`` (FP32 matmuls at a quarter of the BF16
+    rate), so the backend appends ``--auto-cast=matmult`` to ``NEURON_CC_FLAGS`` when the flags
+    name no ``--auto-cast`` (the xla stack's launcher flags already carry it), and reports what
+    the flags ask for in :meth:`precision`. MFU is measured against the BF16 peak."""
 
     name = "xla"
     dist_backend = "xla"
     default_compile = None
+    reduces_in_backward = False
 
     def __init__(self, **kwargs: Any) -> None:
+        flags = os.environ.get("NEURON_CC_FLAGS", "")
+        if compiler_auto_cast(flags) is None:
+            os.environ["NEURON_CC_FLAGS"] = f"{flags} {XLA_AUTO_CAST}".strip()
         self.xm = importlib.import_module("torch_xla.core.xla_model")
         self.pl = importlib.import_module("torch_xla.distributed.parallel_loader")
         importlib.import_module("torch_xla.distributed.xla_backend")  # registers the "xla" group
@@ -233,6 +307,35 @@ class XlaBackend(Backend):
         if stack == "native" or not cls.available():
             return False
         return stack == "xla" or any(DEV_DIR.glob("neuron[0-9]*"))
+
+    @classmethod
+    def check_plan(
+        cls, *, strategy: Parallel, preset: str, num_params: int, instance_type: str
+    ) -> None:
+        """Each rank holds a full replica: refuses ``fsdp`` and a preset whose FP32 weights,
+        gradients and AdamW state outgrow one NeuronCore's device memory.
+
+        Raises:
+            ValueError: naming the strategy, or the preset, the bytes it needs and those
+                available.
+            trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
+        """
+        if strategy == "fsdp":
+            raise ValueError(
+                "parallel 'fsdp' is not available on device 'xla': torch-neuronx (PyTorch/XLA) "
+                "does not support FSDP2; use --parallel ddp (a full replica per NeuronCore), "
+                "or the native stack on trn2/trn3 to shard"
+            )
+        needed = num_params * TRAIN_STATE_BYTES_PER_PARAM
+        available = device_memory_per_rank(instance_type, logical_nc_config(instance_type))
+        if needed > available:
+            raise ValueError(
+                f"preset {preset!r} needs {needed:,} bytes of device memory per NeuronCore "
+                f"({num_params:,} parameters x {TRAIN_STATE_BYTES_PER_PARAM} bytes of FP32 "
+                f"weights, gradients and AdamW state) before activations, but a NeuronCore of "
+                f"{instance_type} has {available:,}; the xla stack cannot shard: use a smaller "
+                f"preset, or trn2/trn3 with the native stack and --parallel fsdp"
+            )
 
     def _device(self) -> torch.device:
         device: torch.device = self.xm.xla_device()
@@ -263,10 +366,64 @@ class XlaBackend(Backend):
     def synchronize(self) -> None:
         self.xm.wait_device_ops()
 
-    def peak_flops(self, *, instance_type: str, local_world_size: int) -> float | None:
-        if self.xm.xla_device_hw(self.device) != "NEURON":
+    def on_neuron(self) -> bool:
+        """True on NeuronCores; False on PyTorch/XLA's CPU (or another) device."""
+        return bool(self.xm.xla_device_hw(self.device) == "NEURON")
+
+    def precision(self) -> str:
+        """``fp32`` off Neuron; on Neuron what ``NEURON_CC_FLAGS`` asks neuronx-cc for."""
+        if not self.on_neuron():
+            return "fp32"
+        return compiler_precision(os.environ.get("NEURON_CC_FLAGS", ""))
+
+    def peak_flops(self, *, instance_type: str) -> float | None:
+        if not self.on_neuron():
             return None
-        return neuron_peak_flops(instance_type, local_world_size)
+        return neuron_peak_flops(instance_type, logical_nc_config(instance_type))
+
+
+# neuronx-cc (Neuron 2.31 compiler reference): --auto-cast none|matmult|all, default none since
+# Neuron 2.27 (matmult before); --auto-cast-type bf16|fp16|tf32|fp8_e4m3, default bf16; the
+# right-most of competing options wins.
+XLA_AUTO_CAST = "--auto-cast=matmult"
+AUTO_CAST_MODES = ("none", "matmult", "all")
+
+
+def _flag_values(flags: str, name: str) -> list[str]:
+    words = flags.split()
+    values = []
+    for i, word in enumerate(words):
+        if word.startswith(f"{name}="):
+            values.append(word.split("=", 1)[1])
+        elif word == name and i + 1 < len(words):
+            values.append(words[i + 1])
+    return values
+
+
+def compiler_auto_cast(flags: str) -> str | None:
+    """The ``--auto-cast`` mode that ``flags`` (``NEURON_CC_FLAGS``) gives neuronx-cc, the
+    right-most one; None when they name none (the compiler then casts nothing)."""
+    values = _flag_values(flags, "--auto-cast")
+    return values[-1] if values else None
+
+
+def compiler_precision(flags: str) -> str:
+    """What neuronx-cc computes FP32 operations in under ``flags``: ``fp32`` (``--auto-cast``
+    absent or ``none``), else ``<type> <mode> auto-cast``, e.g. ``bf16 matmult auto-cast``.
+
+    Raises:
+        ValueError: an ``--auto-cast`` mode the compiler does not know.
+    """
+    mode = compiler_auto_cast(flags) or "none"
+    if mode not in AUTO_CAST_MODES:
+        raise ValueError(
+            f"NEURON_CC_FLAGS --auto-cast={mode} is unknown; use one of "
+            f"{', '.join(AUTO_CAST_MODES)}"
+        )
+    if mode == "none":
+        return "fp32"
+    types = _flag_values(flags, "--auto-cast-type")
+    return f"{types[-1] if types else 'bf16'} {mode} auto-cast"
 
 
 class _Reiterable:

@@ -26,6 +26,7 @@ from trainer import stacks
 # The instance type a job's environment names in TRN_INSTANCE_TYPE, where it names none.
 DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
+PRECOMPILE_ENV = "TRN_PRECOMPILE"  # "1": run trn-train compile before the run
 # torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 # Exit status after a SIGTERM (the shell's 128 + 15): the run was interrupted, not finished.
@@ -66,8 +67,11 @@ def job_environment(
     ``FI_EFA_USE_DEVICE_RDMA=1`` so collectives use EFA with device RDMA rather than silently
     falling back to TCP; ``FI_EFA_FORK_SAFE=1`` only on kernels older than 5.15;
     ``NEURON_CC_FLAGS`` (default: the stack's, see :mod:`trainer.stacks`);
-    ``MALLOC_ARENA_MAX=64``; and, with several nodes,
-    ``NEURON_RT_ROOT_COMM_ID=<MASTER_ADDR>:<MASTER_PORT + 1>``. Always rewrites the compile cache
+    ``MALLOC_ARENA_MAX=64``. Leaves ``NEURON_RT_ROOT_COMM_ID`` (the Neuron runtime's collectives
+    bootstrap address) to the framework unless the job sets it: TorchNeuron's process group has
+    rank 0 pick a free port on ``MASTER_ADDR`` and share it through torch.distributed's store,
+    and the PyTorch/XLA Neuron plugin uses ``MASTER_ADDR`` with its own fixed port, whereas a
+    port guessed from ``MASTER_PORT`` can be taken. Always rewrites the compile cache
     variable of the image's stack (``TORCH_NEURONX_NEFF_CACHE_DIR`` for native,
     ``NEURON_COMPILE_CACHE_URL`` for xla; base: the job's value or the stack's default) to the
     key of :func:`compile_cache_url`, keeping the base in the stack's base variable.
@@ -88,9 +92,6 @@ def job_environment(
         env.setdefault("FI_EFA_FORK_SAFE", "1")
     env.setdefault("NEURON_CC_FLAGS", stack.cc_flags)
     env.setdefault("MALLOC_ARENA_MAX", "64")
-    if int(env.get("NNODES", "1")) > 1:
-        port = int(env.get("MASTER_PORT", "29500")) + 1
-        env.setdefault("NEURON_RT_ROOT_COMM_ID", f"{env['MASTER_ADDR']}:{port}")
     base = (
         env.get(stack.cache_base_variable) or env.get(stack.cache_variable) or stack.default_cache
     )
@@ -121,16 +122,42 @@ def prepare_cache(env: Mapping[str, str]) -> None:
 
 
 def ranks_per_node(env: Mapping[str, str]) -> int:
-    """``NPROC_PER_NODE`` if set, else one rank per logical NeuronCore of ``TRN_INSTANCE_TYPE``
-    (default trn3.48xlarge; the logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on
-    Trn2/Trn3, 1 on Trn1)."""
-    if "NPROC_PER_NODE" in env:
-        return int(env["NPROC_PER_NODE"])
+    """One rank per logical NeuronCore of ``TRN_INSTANCE_TYPE`` from the instance catalog (the
+    logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on Trn2/Trn3, 1 on Trn1).
+
+    In a job the catalog wins over ``NPROC_PER_NODE`` / ``PET_NPROC_PER_NODE``: Kubeflow Trainer
+    2.3.0 sets the latter to the pod's CPU request (184 on trn2.48xlarge) when the TrainJob names
+    no ``numProcPerNode``, or to ``auto`` with GPUs. A contradicting value is overridden with a
+    note on stderr. Without ``TRN_INSTANCE_TYPE`` (a run outside the platform, on CPU) a whole
+    ``NPROC_PER_NODE`` is taken as it is; anything else falls back to the catalog's count for
+    trn3.48xlarge, again with a note.
+
+    Raises:
+        ValueError: ``NEURON_LOGICAL_NC_CONFIG`` does not divide the type's NeuronCores.
+        KeyError: ``TRN_INSTANCE_TYPE`` is not in the catalog
+            (``trn_catalog.UnknownInstanceTypeError``).
+    """
+    variable = "NPROC_PER_NODE" if "NPROC_PER_NODE" in env else "PET_NPROC_PER_NODE"
+    given = env.get(variable)
+    if "TRN_INSTANCE_TYPE" not in env and given is not None and given.isdigit() and int(given):
+        return int(given)
     import trn_catalog
 
     spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
-    lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc)))
-    return spec.neuron_cores // lnc
+    lnc_text = env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc))
+    if not (lnc_text.isdigit() and int(lnc_text) and spec.neuron_cores % int(lnc_text) == 0):
+        raise ValueError(
+            f"NEURON_LOGICAL_NC_CONFIG {lnc_text!r} does not divide the {spec.neuron_cores} "
+            f"NeuronCores of {spec.name}; use 1 or 2"
+        )
+    ranks = spec.neuron_cores // int(lnc_text)
+    if given is not None and given != str(ranks):
+        print(
+            f"launch: {spec.name} has {ranks} logical NeuronCores (NEURON_LOGICAL_NC_CONFIG="
+            f"{lnc_text}); running {ranks} ranks per node, not {variable}={given}",
+            file=sys.stderr,
+        )
+    return ranks
 
 
 def torchrun_prefix(env: Mapping[str, str], *, shutdown_flag: bool = False) -> list[str]:
@@ -166,14 +193,19 @@ def stack_device_args(env: Mapping[str, str]) -> list[str]:
 
 
 def torchrun_argv(
-    env: Mapping[str, str], train_args: Sequence[str], *, shutdown_flag: bool = False
+    env: Mapping[str, str],
+    train_args: Sequence[str],
+    *,
+    shutdown_flag: bool = False,
+    command: str = "run",
 ) -> list[str]:
-    """:func:`torchrun_prefix` running the trainer on ``TRN_INSTANCE_TYPE`` with the stack's
-    device (:func:`stack_device_args`); ``train_args`` come last and win."""
+    """:func:`torchrun_prefix` running ``trn-train <command>`` (default ``run``) on
+    ``TRN_INSTANCE_TYPE`` with the stack's device (:func:`stack_device_args`); ``train_args``
+    come last and win."""
     instance = env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE)
     return [
         *torchrun_prefix(env, shutdown_flag=shutdown_flag),
-        *["-m", "trainer", "run", "--instance-type", instance],
+        *["-m", "trainer", command, "--instance-type", instance],
         *stack_device_args(env),
         *train_args,
     ]
@@ -191,20 +223,13 @@ def torchrun_takes_shutdown_timeout() -> bool:
 
 
 def precompile_argv(env: Mapping[str, str], train_args: Sequence[str]) -> list[str]:
-    """A short pass that only fills the compile cache: the same job for :data:`PRECOMPILE_STEPS`
-    steps without checkpoints or metrics (later flags win in argparse). The PyTorch/XLA stack
-    wraps it in ``neuron_parallel_compile``, which extracts and compiles the graphs in parallel."""
-    overrides = [
-        "--max-steps",
-        str(PRECOMPILE_STEPS),
-        "--checkpoint-dir",
-        "",
-        "--checkpoint-every",
-        "0",
-        "--metrics",
-        "",
-    ]
-    argv = torchrun_argv(env, [*train_args, *overrides])
+    """A short pass that only fills the compile cache: ``trn-train compile`` with the run's own
+    flags (the same job for :data:`PRECOMPILE_STEPS` steps without checkpoints or metrics,
+    after a check of the node's host memory). The PyTorch/XLA stack wraps it in
+    ``neuron_parallel_compile``, which extracts the graphs from that trial run and compiles them
+    in parallel; on TorchNeuron the ranks compile as they meet each graph. Either way it runs on
+    the trn node: neither stack documents compiling these graphs without Neuron devices."""
+    argv = torchrun_argv(env, train_args, command="compile")
     return ["neuron_parallel_compile", *argv] if env.get("NEURON_STACK") == "xla" else argv
 
 
@@ -261,8 +286,9 @@ def _run_forwarding_sigterm(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The image's entrypoint: ``entrypoint.py [trainer run flags...]``. Refuses a stack that
-    cannot run on this instance type (exit 2). With ``TRN_PRECOMPILE=1`` it first runs
-    :func:`precompile_argv`; a failing pre-pass stops the job with its exit status."""
+    cannot run on this instance type (exit 2). With ``TRN_PRECOMPILE=1`` (``trnctl job submit
+    --precompile``) it first runs :func:`precompile_argv`; a failing pre-pass (too little host
+    memory for the compilers, say) stops the job with its exit status."""
     train_args = list(sys.argv[1:] if argv is None else argv)
     problem = stack_problem(os.environ)
     if problem:
@@ -272,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepare_cache(env)
     stack = stacks.of(env)
     print(f"compile cache: {stack.cache_variable}={env[stack.cache_variable]}", file=sys.stderr)
-    if env.get("TRN_PRECOMPILE") == "1":
+    if env.get(PRECOMPILE_ENV) == "1":
         code = subprocess.run(precompile_argv(env, train_args), env=env, check=False).returncode
         if code:
             return code

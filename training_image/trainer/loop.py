@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import device, optim, parallel
-from trainer.checkpoint import Checkpointer, open_store
+from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import Dataset, ShardError, WindowSampler, open_dataset
 from trainer.metrics import MetricsLog, mfu
@@ -62,22 +62,25 @@ def _stream(
 
 
 def open_dataset_per_node(
-    root: str, ranks: parallel.Ranks, control: dist.ProcessGroup | None
+    root: str, ranks: parallel.Ranks, control: dist.ProcessGroup | None, *, verify: bool
 ) -> Dataset:
-    """The dataset, its SHA-256s checked once per node: local rank 0 verifies, the node's other
-    ranks wait for it and open it checking headers and sizes only. Per node rather than on
-    rank 0 alone because each node reads through its own mount (Mountpoint S3, the Lustre
-    client), so that a node's mount serving wrong bytes is caught there; the reads drop from
-    every rank's to one per node.
+    """The dataset, every rank checking the manifest and each shard's header and size (the
+    shards' SHA-256s were checked when they were staged, and the manifest that pins them is
+    recorded in each checkpoint). With ``verify``, also every shard's SHA-256, once per node:
+    local rank 0 reads the whole dataset while the node's other ranks wait. Per node rather
+    than on rank 0 alone because each node reads through its own mount (Mountpoint S3, the
+    Lustre client), so that a node's mount serving wrong bytes is caught there. Either way the
+    ranks then agree, so that a problem on one node stops every rank at once rather than
+    leaving the others waiting in a collective.
 
     Raises:
         trainer.data.ShardError: a shard or the manifest is wrong, on this node or another.
     """
     problem: ShardError | None = None
     dataset = None
-    if ranks.local_rank == 0:
+    if not verify or ranks.local_rank == 0:
         try:
-            dataset = open_dataset(root, verify=True)
+            dataset = open_dataset(root, verify=verify)
         except ShardError as error:
             problem = error
     # Also the barrier: no rank opens the data before every node has verified it.
@@ -85,8 +88,15 @@ def open_dataset_per_node(
     if problem is not None:
         raise problem
     if failed:
-        raise ShardError(root, "failed its checks on a node's local rank 0 (see that rank's log)")
+        where = "a node's local rank 0" if verify else "another rank"
+        raise ShardError(root, f"failed its checks on {where} (see that rank's log)")
     return dataset if dataset is not None else open_dataset(root, verify=False)
+
+
+def _num_params(cfg: TrainConfig) -> int:
+    """The preset's parameter count, from a model on the meta device (no memory, no init)."""
+    with torch.device("meta"):
+        return GPT(cfg.model).num_params()
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -94,19 +104,28 @@ def train(cfg: TrainConfig) -> TrainResult:
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
-        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, or
-            a device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1).
+        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, a
+            device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), or a plan it
+            cannot train (see :meth:`trainer.device.Backend.check_plan`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
+        trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
+            seed, global batch, schedule or dataset.
     """
     cfg.validate()
     ranks = parallel.ranks_from_env()
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
+    backend.check_plan(
+        strategy=cfg.parallelism,
+        preset=cfg.preset,
+        num_params=_num_params(cfg),
+        instance_type=cfg.instance_type,
+    )
     parallel.init(ranks, backend.dist_backend)
     backend.start()  # after the process group: see Backend.start
     control = parallel.control_group(ranks)
 
-    dataset = open_dataset_per_node(cfg.data, ranks, control)
+    dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
     if dataset.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds preset "
@@ -125,8 +144,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     torch.manual_seed(cfg.seed)
     gpt = GPT(cfg.model)
     flops_per_token = gpt.flops_per_token()
-    model = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend.device)
-    forward = backend.compile(model)
+    model, forward = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend)
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
 
     checkpointer = (
@@ -134,21 +152,13 @@ def train(cfg: TrainConfig) -> TrainResult:
         if cfg.checkpoint_dir
         else None
     )
+    run = run_config(cfg, world_size=ranks.world_size, manifest_sha256=dataset.manifest_sha256)
     start = 0
     if checkpointer is not None:
-        if ranks.is_main:  # the writing rank, before its first save
-            checkpointer.remove_stale()
-        # The main rank verifies (streaming the CRC); every rank then maps the state it chose
-        # and keeps none of it once the model and optimizer hold their copies.
-        name = parallel.broadcast_object(
-            checkpointer.newest_valid() if ranks.is_main else None, ranks, control
-        )
-        if name is not None:
-            start = checkpointer.resume(str(name), model, optimizer, verify=False)
+        start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
 
-    peak = cfg.peak_flops or backend.peak_flops(
-        instance_type=cfg.instance_type, local_world_size=ranks.local_world_size
-    )
+    peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
+    precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",
@@ -202,6 +212,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         "grad_norm": float(grad_norm),
                         "tokens_per_s": tokens_per_s,
                         "mfu": mfu(tokens_per_s / ranks.world_size, flops_per_token, peak),
+                        "precision": precision,
                         "step_time_s": elapsed / logged_steps,
                         "tokens": step * tokens_per_step,
                     }
@@ -213,7 +224,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             preempted = parallel.any_rank(stop.set, ranks, control)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
             if checkpointer is not None and (periodic or preempted or step == cfg.max_steps):
-                saved_at = checkpointer.save(step, model, optimizer, main=ranks.is_main)
+                saved_at = checkpointer.save(step, model, optimizer, main=ranks.is_main, run=run)
             if preempted:
                 break
     log.close()

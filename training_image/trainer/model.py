@@ -34,6 +34,9 @@ def _rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # The tables are FP32 buffers (FSDP2's mixed precision casts parameters only): cast, so that
+    # BF16 queries and keys are not promoted to FP32 while the values stay BF16.
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     a, b = x.chunk(2, dim=-1)
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 

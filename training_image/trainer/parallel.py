@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from trainer.config import Parallel
+
+if TYPE_CHECKING:
+    from trainer.device import Backend
 
 
 @dataclass(frozen=True)
@@ -56,21 +60,48 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module, ranks: Ranks, strategy: Parallel, device: torch.device) -> nn.Module:
-    """DDP, or FSDP2 with each block sharded on its own; unchanged for one rank."""
-    if not ranks.distributed:
-        return model
-    if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+def wrap(
+    model: nn.Module, ranks: Ranks, strategy: Parallel, backend: Backend
+) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
+    """The model for data parallelism and the callable that runs its forward, compiled by
+    ``backend``.
 
-        for block in getattr(model, "blocks", []):
-            fully_shard(block)
-        fully_shard(model)
-        return model
+    One rank: the model, compiled whole. ``ddp``: DDP around the model whose forward is compiled,
+    as DDP's own forward (its logging and bucket bookkeeping) is not traceable in one graph; on a
+    backend that reduces gradients itself (XLA) the model is not wrapped, so gradients are
+    reduced once. ``fsdp``: FSDP2 with each block sharded on its own in the backend's mixed
+    precision, each block's forward compiled before sharding (the torchtitan pattern): Dynamo
+    does not trace FSDP2's hooks, so a whole-model one-graph compile breaks at each block.
+    """
+    if not ranks.distributed or not backend.reduces_in_backward:
+        return model, backend.compile(model)
+    if strategy == "fsdp":
+        return _shard(model, backend), model
     from torch.nn.parallel import DistributedDataParallel
 
+    _compile_forward(model, backend)
+    device = backend.device
     ids = None if device.type == "cpu" else [device.index]
-    return DistributedDataParallel(model, device_ids=ids)
+    ddp = DistributedDataParallel(model, device_ids=ids)
+    return ddp, ddp
+
+
+def _compile_forward(module: nn.Module, backend: Backend) -> None:
+    """Compiles ``module``'s forward in place of it, not the module: its state-dict keys stay as
+    they are, and hooks on the module (FSDP2's, DDP's) run outside the compiled graph."""
+    if backend.compile_backend is not None:
+        module.forward = backend.compile(module.forward)
+
+
+def _shard(model: nn.Module, backend: Backend) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    policy = backend.mixed_precision()
+    for block in getattr(model, "blocks", []):
+        _compile_forward(block, backend)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 @contextlib.contextmanager

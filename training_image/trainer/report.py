@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from trainer import metrics
 
 
+def title(metrics_path: str | Path, records: list[dict[str, Any]]) -> str:
+    """The file's name and the precision of its run (of its last record: a resumed run writes
+    later records with its own), e.g. ``m.jsonl (bf16 matmult auto-cast)``; the name alone
+    for records written before the trainer logged its precision."""
+    name = Path(metrics_path).name
+    precision = records[-1].get("precision") if records else None
+    return f"{name} ({precision})" if precision else name
+
+
 def plot(metrics_path: str | Path, out: str | Path) -> Path:
     """Draws loss and tokens/s against step into ``out`` (PNG, or any format matplotlib infers
-    from the suffix) and returns it.
+    from the suffix), titled by :func:`title`, and returns it.
 
     Raises:
         ValueError: the metrics file has no records.
@@ -29,7 +39,7 @@ def plot(metrics_path: str | Path, out: str | Path) -> Path:
     ax_tput.plot(steps, [r["tokens_per_s"] for r in records])
     ax_tput.set_ylabel("tokens/s")
     ax_tput.set_xlabel("step")
-    fig.suptitle(Path(metrics_path).name)
+    fig.suptitle(title(metrics_path, records))
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out)

@@ -5,8 +5,8 @@ TorchNeuron environment-variable reference (``TORCH_NEURONX_NEFF_CACHE_DIR``, de
 ``/tmp/neff_cache``, a file-system path; "Applies to Trn2 and Trn3"), torch-neuronx's
 PersistentCacheBackend (atomic temp-file-and-rename writes, safe on a shared file system), the
 Neuron persistent-cache guide (``NEURON_COMPILE_CACHE_URL``, a path or ``s3://``, default
-``/var/tmp/neuron-compile-cache``) and the neuronx-cc mixed-precision guide (by default the
-compiler casts FP32 matmuls to BF16).
+``/var/tmp/neuron-compile-cache``) and the neuronx-cc CLI reference of Neuron 2.31
+(``--auto-cast`` defaults to ``none`` since Neuron 2.27: without it FP32 matmuls stay FP32).
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ STACKS: dict[str, NeuronStack] = {
         cache_base_variable="TRN_NEFF_CACHE_BASE",
         default_cache="/tmp/neff_cache",
     ),
-    # PyTorch/XLA: the trainer does not autocast; leaving --auto-cast at the compiler's default
-    # is what makes the matmuls BF16.
+    # PyTorch/XLA: the trainer does not autocast, so the compiler must cast the matmuls to BF16;
+    # its default stopped doing so in Neuron 2.27.
     "xla": NeuronStack(
         name="xla",
         device="xla",
-        cc_flags="--model-type transformer",
+        cc_flags="--model-type transformer --auto-cast=matmult --auto-cast-type=bf16",
         cache_variable="NEURON_COMPILE_CACHE_URL",
         cache_base_variable="NEURON_COMPILE_CACHE_BASE",
         default_cache="/var/tmp/neuron-compile-cache",

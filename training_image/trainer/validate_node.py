@@ -85,7 +85,8 @@ def efa_interfaces(sysfs: Path = Path("/sys"), fi_info: str = "fi_info") -> int 
 
 def allreduce(size_mib: int, iterations: int, device: str) -> dict[str, Any]:
     """Times ``iterations`` all-reduces of ``size_mib`` MiB per rank on the backend of
-    :func:`trainer.device.resolve`; every rank checks the sum. Needs an initialized-by-env
+    :func:`trainer.device.resolve`, each from its start to the device finishing it (on XLA the
+    step is marked inside the timed window); every rank checks the sum. Needs an initialized-by-env
     process group setting (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...)."""
     import torch
     import torch.distributed as dist
@@ -103,12 +104,17 @@ def allreduce(size_mib: int, iterations: int, device: str) -> dict[str, Any]:
         buffer = torch.empty(numel, dtype=torch.float32, device=backend.device)
         expected = world * (world + 1) / 2
         ok, elapsed = True, 0.0
-        for step in range(iterations + 1):  # the first one warms up and is not timed
+        # The first round warms up (and on XLA builds and compiles the graphs) and is not timed.
+        # A lazy backend (XLA) runs queued work only at a step mark: the fill runs before the
+        # clock starts, the all-reduce inside the timed window.
+        for step in range(iterations + 1):
             buffer.fill_(float(rank + 1))
+            backend.step_boundary()
             backend.synchronize()
             dist.barrier()
             started = time.perf_counter()
             dist.all_reduce(buffer)
+            backend.step_boundary()
             backend.synchronize()
             if step:
                 elapsed += time.perf_counter() - started

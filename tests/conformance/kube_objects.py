@@ -1,0 +1,139 @@
+"""Every Kubernetes object the platform creates, and strict checks against the pinned APIs.
+
+The app applies manifests through CDK's ``Custom::AWSCDK-EKS-KubernetesResource`` (kubectl with
+its default, strict field validation), and ``trnctl`` creates TrainJobs. Built-in kinds are
+checked against Kubernetes' own schema for the cluster's version (``kubernetes-validate``,
+strict: unknown fields are errors); Kubeflow Trainer kinds against the schema data of the pinned
+Trainer release (:mod:`trn_catalog.crds`), their metadata and the pods inside them against
+Kubernetes' schema again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+
+from trn_catalog import crds, versions
+from trn_catalog import workspace as ws
+
+MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
+HELM_TYPE = "Custom::AWSCDK-EKS-HelmChart"
+KUBERNETES = f"{versions.KUBERNETES_VERSION}.0"
+# Stands in for a CloudFormation token (a Ref, GetAtt or import) inside a manifest: valid
+# wherever the platform puts a token (names, ids, DNS names, an image, a bucket, a region).
+PLACEHOLDER = "placeholder"
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One object and where it comes from (``stack/logical id`` or ``trnctl ...``)."""
+
+    origin: str
+    obj: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        meta = self.obj.get("metadata") or {}
+        return f"{self.origin}: {self.obj.get('kind')} {meta.get('name')}"
+
+
+def resolve(value: Any) -> str:
+    """A template string property with every token replaced by :data:`PLACEHOLDER`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and set(value) == {"Fn::Join"}:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(resolve(part) for part in parts)
+    return PLACEHOLDER
+
+
+def manifests(templates: Mapping[str, Mapping[str, Any]]) -> Iterator[Applied]:
+    """Every object of every manifest resource in ``templates`` (stack name -> template)."""
+    for stack, template in sorted(templates.items()):
+        for logical_id, resource in sorted(template.get("Resources", {}).items()):
+            if resource["Type"] != MANIFEST_TYPE:
+                continue
+            for obj in json.loads(resolve(resource["Properties"]["Manifest"])):
+                yield Applied(f"{stack}/{logical_id}", obj)
+
+
+def helm_values(
+    templates: Mapping[str, Mapping[str, Any]],
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(chart, version, values) of every Helm chart resource in ``templates``."""
+    for _, template in sorted(templates.items()):
+        for resource in template.get("Resources", {}).values():
+            if resource["Type"] == HELM_TYPE:
+                props = resource["Properties"]
+                values = json.loads(resolve(props.get("Values", "{}")))
+                yield props["Chart"], props["Version"], values
+
+
+def problems(obj: Mapping[str, Any]) -> list[str]:
+    """Why ``obj`` would be refused by a cluster of the pinned versions (empty: conforms)."""
+    group = str(obj.get("apiVersion", "")).partition("/")[0]
+    if group == ws.TRAINER_API_GROUP:
+        return _trainer_problems(obj)
+    return _kubernetes_problems(obj)
+
+
+def _kubernetes_problems(obj: Mapping[str, Any], where: str = "") -> list[str]:
+    try:
+        kubernetes_validate.validate(dict(obj), KUBERNETES, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        path = ".".join(str(p) for p in error.path)
+        return [f"{where}{path or '(root)'}: {error.message}"]
+    except kubernetes_validate.SchemaNotFoundError as error:
+        return [f"{where}no Kubernetes {KUBERNETES} schema: {error}"]
+    return []
+
+
+def _trainer_problems(obj: Mapping[str, Any]) -> list[str]:
+    kind = str(obj.get("kind"))
+    if kind not in crds.KINDS:
+        return [f"{kind} is not a {crds.TRAINER_API} kind of Trainer {crds.release_tag()}"]
+    schema = crds.schema(kind)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    found = [
+        f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
+        for e in validator.iter_errors(obj)
+    ]
+    if found:
+        return found
+    # Kubernetes itself validates the metadata and the pods: check those parts on its schema.
+    meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]}
+    found += _kubernetes_problems(meta, "metadata: ")
+    for where, embedded in _embedded(obj):
+        found += _kubernetes_problems(embedded, where)
+    return found
+
+
+def _embedded(obj: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    spec = obj["spec"]
+    if obj["kind"] == "TrainJob":
+        trainer = spec.get("trainer") or {}
+        container = {"name": ws.TRAINER_CONTAINER, "image": trainer.get("image", PLACEHOLDER)}
+        for field in ("command", "args", "env"):
+            if field in trainer:
+                container[field] = trainer[field]
+        if "resourcesPerNode" in trainer:
+            container["resources"] = trainer["resourcesPerNode"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": PLACEHOLDER}}
+        yield "spec.trainer: ", {**pod, "spec": {"containers": [container]}}
+        return
+    for index, job in enumerate(spec["template"]["spec"]["replicatedJobs"]):
+        metadata = {"name": job["name"], **(job["template"].get("metadata") or {})}
+        yield (
+            f"spec.template.spec.replicatedJobs.{index}.template: ",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": metadata,
+                "spec": job["template"]["spec"],
+            },
+        )

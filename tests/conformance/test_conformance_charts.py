@@ -1,0 +1,95 @@
+"""Every value the platform sets for the Neuron, EFA and Trainer charts is a key of that chart
+version's own values file (the key lists in trn_catalog.chart_values), in every variant."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+from kube_objects import helm_values
+
+from constructs_lib.cluster import neuron_values
+from tests.conftest import VARIANTS, Synth
+from trn_catalog import chart_values, versions
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_chart_value_is_a_key_of_the_pinned_chart(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    installed = list(helm_values(synth_variant(variant).templates))
+    assert sorted(chart for chart, _, _ in installed) == sorted(p.chart for p in versions.CHARTS)
+    for chart, version, values in installed:
+        known = chart_values.CHARTS[chart]
+        assert version == known.version, chart
+        assert known.problems(values) == [], chart
+
+
+def stale_value_lists(pins: tuple[versions.ChartPin, ...]) -> list[str]:
+    """Pins whose key list in the catalog was read from another chart version."""
+    return [
+        f"{pin.chart} {pin.version}: value keys are of {chart_values.CHARTS[pin.chart].version}"
+        for pin in pins
+        if chart_values.CHARTS[pin.chart].version != pin.version
+    ]
+
+
+def test_the_key_lists_are_of_the_pinned_chart_versions() -> None:
+    assert stale_value_lists(versions.CHARTS) == []
+
+
+def test_a_chart_pin_bump_without_new_key_lists_fails() -> None:
+    bumped = dataclasses.replace(versions.NEURON_CHART, version="1.10.0")
+    pins = tuple(bumped if p is versions.NEURON_CHART else p for p in versions.CHARTS)
+
+    assert stale_value_lists(pins) == ["neuron-helm-chart 1.10.0: value keys are of 1.9.0"]
+
+
+@pytest.mark.parametrize(
+    ("values", "found"),
+    [
+        # Invented keys, at the top and inside a map of chart keys.
+        (
+            {"npd": {"tolerateAll": True}},
+            ["npd.tolerateAll: not a value of neuron-helm-chart 1.9.0"],
+        ),
+        ({"efa": {"enabled": True}}, ["efa: not a value of neuron-helm-chart 1.9.0"]),
+        # A near miss of the real key (scheduler.customScheduler.image.tag).
+        (
+            {"scheduler": {"customScheduler": {"imageTag": "v1.35.0"}}},
+            ["scheduler.customScheduler.imageTag: not a value of neuron-helm-chart 1.9.0"],
+        ),
+        # The right key with the wrong kind of value.
+        (
+            {"devicePlugin": {"tolerations": {"key": "x"}}},
+            ["devicePlugin.tolerations: list in neuron-helm-chart 1.9.0, given {'key': 'x'}"],
+        ),
+        (
+            {"npd": {"enabled": "true"}},
+            ["npd.enabled: bool in neuron-helm-chart 1.9.0, given 'true'"],
+        ),
+        # Inside a free map (a Kubernetes object), any key is the user's.
+        ({"npd": {"nodeSelector": {"any/label": "x"}}}, []),
+    ],
+)
+def test_the_key_check_names_what_the_chart_does_not_have(
+    values: dict[str, object], found: list[str]
+) -> None:
+    assert chart_values.NEURON.problems(values) == found
+
+
+def test_trainer_and_efa_keys_are_checked_too() -> None:
+    assert chart_values.TRAINER.problems({"runtimes": {"torch": {"enabled": False}}}) == [
+        "runtimes.torch: not a value of kubeflow-trainer 2.3.0"
+    ]
+    assert chart_values.EFA.problems({"supportedInstanceTypes": []}) == [
+        "supportedInstanceTypes: not a value of aws-efa-k8s-device-plugin v0.5.30"
+    ]
+
+
+def test_the_neuron_scheduler_extension_point_sets_only_chart_keys() -> None:
+    values = neuron_values("v1.35.2-eks-1-35-7")
+
+    assert chart_values.NEURON.problems(values) == []
+    assert values["scheduler"]["customScheduler"]["image"]["tag"] == "v1.35.2-eks-1-35-7"

@@ -1,0 +1,182 @@
+"""Every Kubernetes object the platform applies (every manifest of every synthesized variant) and
+every object trnctl creates conforms, strictly, to Kubernetes 1.35 and the pinned Trainer
+release; the check fails on a field that is invented or that the release removed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kube_objects import Applied, manifests, problems
+
+from tests.conftest import VARIANTS, Synth
+from trn_catalog import crds, versions
+from trn_catalog.outputs import EnvironmentOutputs
+from trnctl import jobs, validation
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def trnctl_objects(synth: Synth) -> list[Applied]:
+    """The TrainJobs `trnctl job submit` and `trnctl validate` create in this environment."""
+    workspace = synth.platform.workloads.workspace.props
+    outputs = EnvironmentOutputs(
+        environment="trn-dev",
+        region="us-east-2",
+        cluster_name="trn-dev",
+        node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
+        fsx_file_system_id="fs-0123456789abcdef0",
+        fsx_mount_name="abcdefgh",
+        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
+        datasets_bucket="trn-dev-datasets",
+        checkpoints_bucket="trn-dev-checkpoints",
+        compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
+        image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
+        namespace=workspace.namespace,
+        service_account=workspace.service_account,
+        instance_type=workspace.instance_type,
+        trn_nodes=workspace.nodes,
+    )
+    name = jobs.generated_name("train", "125m", NOW)
+    train = jobs.render(
+        name=name,
+        outputs=outputs,
+        nodes=workspace.nodes,
+        args=jobs.TrainingArgs("125m", "corpus", max_steps=100, seed=1).argv(name),
+        labels={jobs.PRESET_LABEL: "125m"},
+    )
+    return [
+        Applied("trnctl job submit", train),
+        Applied("trnctl validate", validation.render(outputs, now=NOW)),
+    ]
+
+
+def applied(synth: Synth) -> list[Applied]:
+    return [*manifests(synth.templates), *trnctl_objects(synth)]
+
+
+def the(synth: Synth, kind: str) -> dict[str, Any]:
+    """The first object of ``kind`` the platform creates, as a copy to change."""
+    return copy.deepcopy(dict(next(a.obj for a in applied(synth) if a.obj["kind"] == kind)))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_conforms_to_the_pinned_apis(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    objects = applied(synth_variant(variant))
+    kinds = {a.obj["kind"] for a in objects}
+    # The collection reaches every kind the platform creates, in every variant.
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "PersistentVolume",
+        "PersistentVolumeClaim",
+        "TrainingRuntime",
+        "TrainJob",
+    } <= kinds
+    failures = {a.name: problems(a.obj) for a in objects}
+    assert {name: found for name, found in failures.items() if found} == {}
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node: Any = obj
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[last] = value
+
+
+POD = "spec.template.spec.replicatedJobs.0.template.spec.template.spec"
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value", "message"),
+    [
+        # Removed by Trainer 2.2.0 ("Remove numProcPerNode from Torch API").
+        (
+            "TrainingRuntime",
+            "spec.mlPolicy.torch.numProcPerNode",
+            64,
+            r"spec\.mlPolicy\.torch: Additional properties .*'numProcPerNode' was unexpected",
+        ),
+        # Replaced by runtimePatches in 2.2.0.
+        (
+            "TrainJob",
+            "spec.podTemplateOverrides",
+            [],
+            r"spec: Additional properties .*'podTemplateOverrides' was unexpected",
+        ),
+        ("TrainJob", "spec.labels", {}, r"spec: Additional properties .*'labels' was unexpected"),
+        # An integer since 2.2.0; `auto` is what the runtime derives, not a value a job sets.
+        ("TrainJob", "spec.trainer.numProcPerNode", "auto", r"'auto' is not of type 'integer'"),
+        ("TrainJob", "spec.trainer.numNodes", 2**31, r"greater than the maximum"),
+        ("TrainJob", "spec.trainer.gpus", 8, r"'gpus' was unexpected"),
+        ("TrainJob", "metadata.name", "Train", r"metadata\.name: 'Train' does not match"),
+        ("TrainingRuntime", f"{POD}.containers.0.neuronCores", 8, r"'neuronCores' was unexpected"),
+        # Below the levels the Trainer schema data lists, Kubernetes' own schema catches it.
+        (
+            "TrainingRuntime",
+            f"{POD}.containers.0.resources.neuron",
+            {},
+            r"replicatedJobs\.0\.template: spec\.template\.spec\.containers\.0\.resources: "
+            r"Additional properties",
+        ),
+        ("TrainingRuntime", "metadata.uuid", "x", r"metadata: .*'uuid' was unexpected"),
+        ("PersistentVolume", "spec.csi.fsxMountName", "x", r"'fsxMountName' was unexpected"),
+        ("Namespace", "spec", {"finalize": []}, r"'finalize' was unexpected"),
+    ],
+)
+def test_an_invented_or_removed_field_fails(
+    dev: Synth, kind: str, path: str, value: Any, message: str
+) -> None:
+    obj = the(dev, kind)
+    assert problems(obj) == []
+
+    _set(obj, path, value)
+
+    found = problems(obj)
+    assert any(re.search(message, line) for line in found), found
+
+
+def test_a_kind_the_release_does_not_have_fails() -> None:
+    legacy = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "old"},
+        "spec": {},
+    }
+    unknown = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "x"}}
+
+    assert problems(legacy) == [
+        f"PyTorchJob is not a trainer.kubeflow.org/v1alpha1 kind of Trainer {crds.release_tag()}"
+    ]
+    assert problems(unknown)[0].startswith("no Kubernetes 1.35.0 schema")
+
+
+def stale_schema_data(pins: tuple[versions.ChartPin, ...]) -> list[str]:
+    """Pins whose schema data in the catalog was read from another release."""
+    (trainer,) = [p for p in pins if p.chart == versions.TRAINER_CHART.chart]
+    if crds.release_tag() != f"v{trainer.version}":
+        return [f"{trainer.chart} {trainer.version}: CRD schema data is of {crds.release_tag()}"]
+    return []
+
+
+def test_the_schema_data_is_of_the_pinned_trainer_release() -> None:
+    assert stale_schema_data(versions.CHARTS) == []
+    # The JobSet spec a runtime embeds is that of the JobSet release the chart installs.
+    assert f"JobSet {crds.jobset_tag().removeprefix('v')}" in versions.TRAINER_CHART.source
+
+
+def test_a_trainer_pin_bump_without_new_schema_data_fails() -> None:
+    bumped = dataclasses.replace(versions.TRAINER_CHART, version="2.4.0")
+    pins = tuple(bumped if p is versions.TRAINER_CHART else p for p in versions.CHARTS)
+
+    assert stale_schema_data(pins) == [
+        f"kubeflow-trainer 2.4.0: CRD schema data is of {crds.release_tag()}"
+    ]

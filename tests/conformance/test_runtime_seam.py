@@ -1,0 +1,126 @@
+"""The seam between the TrainingRuntime the workspace synthesizes and `trnctl job submit`: the
+drift check runs on the runtime as the template applies it, and the trainer job carries the
+names the pinned Trainer release's torch runtime requires, which trnctl and the launcher use."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kube_objects import manifests
+
+import trn_catalog
+from tests.conftest import VARIANTS, Synth
+from trn_catalog import crds
+from trn_catalog import workspace as ws
+from trnctl import jobs
+
+
+def synthesized_runtime(synth: Synth) -> dict[str, Any]:
+    """The TrainingRuntime as the workloads template applies it (tokens as placeholders)."""
+    (runtime,) = [a.obj for a in manifests(synth.templates) if a.obj["kind"] == "TrainingRuntime"]
+    return copy.deepcopy(dict(runtime))
+
+
+def node_instance_type(synth: Synth) -> str:
+    """The instance type of the synthesized Trainium node group's launch template."""
+    (instance_type,) = [
+        t["Properties"]["LaunchTemplateData"]["InstanceType"]
+        for t in synth.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        if "InstanceType" in t["Properties"]["LaunchTemplateData"]
+    ]
+    return str(instance_type)
+
+
+def trainer_job(runtime: dict[str, Any]) -> dict[str, Any]:
+    """The replicated job the release's torch runtime treats as the trainer (by its label)."""
+    required = crds.trainer_job()
+    (job,) = [
+        r
+        for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        if (r["template"].get("metadata") or {}).get("labels", {}).get(required.ancestor_label)
+        == required.ancestor
+    ]
+    return job
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_job_submit_finds_no_drift_in_the_synthesized_runtime(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    synth = synth_variant(variant)
+    spec = trn_catalog.get(node_instance_type(synth))
+
+    assert jobs.runtime_drift(synthesized_runtime(synth), spec) == []
+
+
+def _drop_torch(runtime: dict[str, Any]) -> None:
+    del runtime["spec"]["mlPolicy"]["torch"]
+
+
+def _drop_ancestor(runtime: dict[str, Any]) -> None:
+    trainer_job(runtime)["template"]["metadata"]["labels"].clear()
+
+
+def _fewer_efa(runtime: dict[str, Any]) -> None:
+    pod = trainer_job(runtime)["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] = 8
+
+
+def _rename_job(runtime: dict[str, Any]) -> None:
+    trainer_job(runtime)["name"] = "trainer"
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        (_drop_torch, ["no mlPolicy.torch (Kubeflow would not hand torchrun its rendezvous)"]),
+        (
+            _drop_ancestor,
+            [
+                "its 'node' job lacks the label trainer.kubeflow.org/trainjob-ancestor-step=trainer"
+                " (a TrainJob's image, nodes and ranks would not reach it)"
+            ],
+        ),
+        (_fewer_efa, ["vpc.amazonaws.com/efa 8 (catalog: 16)"]),
+        (_rename_job, ["it has no 'node' replicated job with a 'node' container"]),
+    ],
+)
+def test_the_drift_check_names_a_changed_synthesized_runtime(
+    dev: Synth, change: Callable[[dict[str, Any]], None], found: list[str]
+) -> None:
+    runtime = synthesized_runtime(dev)
+    change(runtime)
+
+    assert jobs.runtime_drift(runtime, trn_catalog.get(node_instance_type(dev))) == found
+
+
+def test_the_drift_check_names_a_runtime_of_another_instance_type(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    trn1 = synth_variant("odcr")  # trn1.32xlarge: 16 chips, 8 EFA interfaces
+
+    assert jobs.runtime_drift(synthesized_runtime(trn1), trn_catalog.get("trn3.48xlarge")) == [
+        "TRN_INSTANCE_TYPE trn1.32xlarge (catalog: trn3.48xlarge)",
+        "vpc.amazonaws.com/efa 8 (catalog: 16)",
+    ]
+
+
+def test_the_trainer_job_has_the_names_the_trainer_release_requires(dev: Synth) -> None:
+    """Trainer v2.3.0 (pkg/constants Node, AncestorTrainer) fills in the `node` container of the
+    job labelled as the trainer and names rank 0's host <trainjob>-node-0-0.<trainjob>: the
+    replicated job must be `node`, which trnctl's pod selector and name limit assume too."""
+    required = crds.trainer_job()
+    job = trainer_job(synthesized_runtime(dev))
+    containers = job["template"]["spec"]["template"]["spec"]["containers"]
+
+    assert job["name"] == required.replicated_job
+    assert [c["name"] for c in containers] == [required.container]
+    # What trnctl and the launcher's environment rely on.
+    assert ws.TRAINER_CONTAINER == required.replicated_job == required.container
+    assert required.ancestor_label == ws.TRAINER_ANCESTOR_LABEL
+    assert required.ancestor == ws.TRAINER_ANCESTOR
+    assert f"{jobs.REPLICATED_JOB_LABEL}={required.replicated_job}" in jobs.node_selector("j")
+    assert len(f"{'a' * jobs.MAX_NAME}-{required.replicated_job}-0-999") == 63
