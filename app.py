@@ -16,9 +16,13 @@ from stacks import Platform, build_platform
 
 
 def build_app(
-    context: Mapping[str, Any] | None = None, outdir: str | None = None
+    context: Mapping[str, Any] | None = None,
+    outdir: str | None = None,
+    now: datetime | None = None,
 ) -> tuple[cdk.App, Platform]:
     """The app with one environment, from CDK context (the CLI's, or ``context`` in tests).
+
+    ``now`` (default: the clock) is when this synth happens; a preview expires from it.
 
     Raises:
         ConfigError: the context holds invalid values.
@@ -31,8 +35,8 @@ def build_app(
         builtin_cloud_formation_validation=False,
     )
     # A preview expires ttl_hours after this synth, to the minute.
-    now = datetime.now(UTC).replace(second=0, microsecond=0)
-    config = parse_config(app.node.get_all_context(), now=now)
+    synth_time = (now or datetime.now(UTC)).replace(second=0, microsecond=0)
+    config = parse_config(app.node.get_all_context(), now=synth_time)
     platform = build_platform(app, config)
     # cdk-nag runs on every synth: an unacknowledged AwsSolutions finding fails it.
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))

@@ -9,9 +9,9 @@ from typing import Any
 import jsii
 from aws_cdk import (
     Acknowledgment,
-    Aspects,
     Duration,
-    IAspect,
+    IStableAnyProducer,
+    Lazy,
     RemovalPolicy,
     Stack,
     Validations,
@@ -21,6 +21,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
+
+from trn_catalog.outputs import STACK_ONLY_TAGS
 
 RETENTION_DAYS: dict[int, logs.RetentionDays] = {
     1: logs.RetentionDays.ONE_DAY,
@@ -219,33 +221,49 @@ def launch_template(
     """A launch template from raw CloudFormation ``LaunchTemplateData``, IMDSv2 with one hop.
 
     Raw keys, because the typed L1 silently drops keys it does not model (efa-only interfaces,
-    network card indexes). Instances and their volumes carry the stack's tags (a preview's tags
+    network card indexes). Instances and their volumes carry the stack's tags (a preview's tag
     among them, which its budget filters on) plus ``instance_tags``: tags on a node group do not
-    reach its instances.
+    reach its instances. The stack-only tags of :data:`trn_catalog.outputs.STACK_ONLY_TAGS` are
+    left out: tag specifications are part of the template version, and a new version makes EKS
+    replace every node of the node group. :func:`launch_template_data` gives the same data.
     """
     template = ec2.CfnLaunchTemplate(scope, construct_id, launch_template_data={})
+    template.add_property_override("LaunchTemplateData", _with_imds(data))
+    # Rendered at synth, once every Tags aspect has tagged the stack.
     template.add_property_override(
-        "LaunchTemplateData", {"MetadataOptions": IMDSV2_ONE_HOP, **data}
+        "LaunchTemplateData.TagSpecifications",
+        Lazy.any(_TagSpecifications(Stack.of(template), dict(instance_tags or {}))),
     )
-    Aspects.of(template).add(_TagInstances(dict(instance_tags or {})))
     return template
 
 
-@jsii.implements(IAspect)
-class _TagInstances:
-    """Copies the stack's tags into the template's instance and volume tags. An aspect at the
-    default priority runs after the Tags aspects (mutating priority) have tagged the stack."""
+def launch_template_data(
+    scope: Construct, data: dict[str, Any], instance_tags: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """What :func:`launch_template` puts in ``LaunchTemplateData`` for ``data``; call it at
+    synth (from a Lazy value), when the stack's tags are final."""
+    specs = _tag_specifications(Stack.of(scope), dict(instance_tags or {}))
+    return {**_with_imds(data), **({"TagSpecifications": specs} if specs else {})}
 
-    def __init__(self, extra: dict[str, str]) -> None:
+
+def _with_imds(data: dict[str, Any]) -> dict[str, Any]:
+    return {"MetadataOptions": IMDSV2_ONE_HOP, **data}
+
+
+def _tag_specifications(stack: Stack, extra: dict[str, str]) -> list[dict[str, Any]] | None:
+    stack_tags = stack.tags.tag_values()
+    tags = {k: v for k, v in stack_tags.items() if k not in STACK_ONLY_TAGS} | extra
+    if not tags:
+        return None
+    rendered = [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
+    return [{"ResourceType": kind, "Tags": rendered} for kind in ("instance", "volume")]
+
+
+@jsii.implements(IStableAnyProducer)
+class _TagSpecifications:
+    def __init__(self, stack: Stack, extra: dict[str, str]) -> None:
+        self.stack = stack
         self.extra = extra
 
-    def visit(self, node: IConstruct) -> None:
-        if not isinstance(node, ec2.CfnLaunchTemplate):
-            return
-        tags = {**Stack.of(node).tags.tag_values(), **self.extra}
-        if tags:
-            rendered = [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
-            node.add_property_override(
-                "LaunchTemplateData.TagSpecifications",
-                [{"ResourceType": kind, "Tags": rendered} for kind in ("instance", "volume")],
-            )
+    def produce(self) -> list[dict[str, Any]] | None:
+        return _tag_specifications(self.stack, self.extra)

@@ -7,12 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from constructs_lib._common import deny_other_egress, log_group_key, retention
+from constructs_lib._common import (
+    acknowledge,
+    acknowledge_managed_policies,
+    deny_other_egress,
+    log_group_key,
+    retention,
+)
 
 # Interface endpoints that private trn and system nodes call on every boot or job, so that none
 # of that traffic (multi-GB Neuron images above all) pays NAT data processing or depends on it:
@@ -54,6 +62,16 @@ _ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
 
 PRIVATE_SUBNET_NAME = "Private"
 PUBLIC_SUBNET_NAME = "Public"
+# The id CDK gives AwsCustomResource's one Lambda function per stack.
+AWS_CUSTOM_RESOURCE_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
+
+# Regions where the prefix reservation is CloudFormation's AWS::EC2::SubnetCidrReservation. Its
+# regional schemas (as cfn-lint 1.58 ships them) offer that type in us-east-1 and us-west-2 among
+# the commercial regions, not in us-east-2; elsewhere the network makes the same reservation with
+# EC2's CreateSubnetCidrReservation call at deploy time. The list stays as it is when
+# CloudFormation adds regions: moving a deployed network from one way to the other would ask for
+# the same block twice, and EC2 refuses overlapping reservations.
+NATIVE_RESERVATION_REGIONS = frozenset({"us-east-1", "us-west-2"})
 
 
 @dataclass(frozen=True)
@@ -101,7 +119,10 @@ class TrainingNetwork(Construct):
     Pod IPs use VPC CNI prefix delegation rather than a secondary CIDR with custom networking:
     no ENIConfig per AZ to keep in step, the node's primary ENI keeps serving pods, and EFA-only
     interfaces take no IPs at all. Its risk, /28 fragmentation, is removed by a subnet CIDR
-    reservation of type ``prefix`` in the trn AZ.
+    reservation of type ``prefix`` in the trn AZ: an AWS::EC2::SubnetCidrReservation in the
+    regions of :data:`NATIVE_RESERVATION_REGIONS`, elsewhere (and in a stack without a region)
+    EC2's CreateSubnetCidrReservation and DeleteSubnetCidrReservation calls made by CDK's
+    AwsCustomResource at deploy time, since CloudFormation offers no such type there.
 
     Attributes:
         vpc: the VPC.
@@ -240,13 +261,76 @@ class TrainingNetwork(Construct):
     def _reserve_prefixes(self) -> None:
         subnet_cidr = ipaddress.ip_network(self.trn_subnet.ipv4_cidr_block)
         reserved = list(subnet_cidr.subnets(new_prefix=self.props.prefix_reservation_mask))[-1]
-        ec2.CfnSubnetCidrReservation(
+        reservation = {
+            "SubnetId": self.trn_subnet.subnet_id,
+            "Cidr": str(reserved),
+            "ReservationType": "prefix",
+            "Description": "Contiguous /28 prefixes for VPC CNI prefix delegation on trn nodes",
+        }
+        if Stack.of(self).region in NATIVE_RESERVATION_REGIONS:
+            ec2.CfnSubnetCidrReservation(
+                self,
+                "TrnPrefixReservation",
+                subnet_id=reservation["SubnetId"],
+                cidr=reservation["Cidr"],
+                reservation_type=reservation["ReservationType"],
+                description=reservation["Description"],
+            )
+        else:
+            self._reserve_prefixes_by_call(reservation)
+
+    def _reserve_prefixes_by_call(self, reservation: dict[str, str]) -> None:
+        # A new subnet or block creates a reservation under a new id; CloudFormation then
+        # deletes the old one by its id.
+        create = cr.AwsSdkCall(
+            service="EC2",
+            action="CreateSubnetCidrReservation",
+            parameters=reservation,
+            physical_resource_id=cr.PhysicalResourceId.from_response(
+                "SubnetCidrReservation.SubnetCidrReservationId"
+            ),
+        )
+        call = cr.AwsCustomResource(
             self,
-            "TrnPrefixReservation",
-            subnet_id=self.trn_subnet.subnet_id,
-            cidr=str(reserved),
-            reservation_type="prefix",
-            description="Contiguous /28 prefixes for VPC CNI prefix delegation on trn nodes",
+            "TrnPrefixReservationCall",
+            on_create=create,
+            on_update=create,
+            on_delete=cr.AwsSdkCall(
+                service="EC2",
+                action="DeleteSubnetCidrReservation",
+                parameters={"SubnetCidrReservationId": cr.PhysicalResourceIdReference()},
+            ),
+            policy=cr.AwsCustomResourcePolicy.from_statements(
+                [
+                    iam.PolicyStatement(
+                        actions=[
+                            "ec2:CreateSubnetCidrReservation",
+                            "ec2:DeleteSubnetCidrReservation",
+                        ],
+                        resources=["*"],
+                    )
+                ]
+            ),
+            # The SDK in Lambda's runtime has both calls; installing another needs the internet.
+            install_latest_aws_sdk=False,
+        )
+        provider = Stack.of(self).node.find_child(AWS_CUSTOM_RESOURCE_PROVIDER)
+        role = provider.node.find_child("ServiceRole")
+        assert isinstance(role, iam.Role)
+        acknowledge_managed_policies(
+            role,
+            "AWSLambdaBasicExecutionRole: the AWS-maintained policy for the function's own logs.",
+        )
+        acknowledge(
+            call,
+            "AwsSolutions-IAM5[Resource::*]",
+            "A reservation's id exists only once created, so its ARN cannot be named up front; "
+            "the policy allows making and deleting reservations only, at deploy time.",
+        )
+        acknowledge(
+            provider,
+            "AwsSolutions-L1",
+            "CDK pins AwsCustomResource's Node.js runtime along with its handler.",
         )
 
 

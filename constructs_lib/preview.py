@@ -17,6 +17,7 @@ from aws_cdk import (
     Stack,
     Tags,
     TimeZone,
+    Token,
 )
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_iam as iam
@@ -36,8 +37,10 @@ from constructs_lib._common import (
     log_group_key,
 )
 from trn_catalog import formats
-from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
+# The resource type CDK gives a stack's own tags (those CloudFormation puts on the stack).
+STACK_TAGS = "aws:cdk:stack"
 REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
 ALERT_THRESHOLDS = (50, 80, 100)
 
@@ -67,13 +70,14 @@ class PreviewLifecycleProps:
 class PreviewLifecycle(Construct):
     """Makes a set of stacks a self-expiring preview environment.
 
-    Default settings: every stack is tagged ``trn-platform:preview=<project>`` and
-    ``trn-platform:expires-at=<ISO-8601 UTC>`` and refuses, at synth, any resource that asks to
-    be retained; a one-time EventBridge Scheduler schedule at expiry invokes a small function
-    that deletes the stacks newest first, each only if its tags match, and moves the schedule
-    to a later expiry tag when it finds one; an AWS Budgets budget on the preview tag alerts at
-    50, 80 and 100 percent to a KMS-encrypted SNS topic, which also hears of a deletion that
-    keeps failing and forwards both to ``alert_email`` when given.
+    Default settings: every stack and its resources are tagged
+    ``trn-platform:preview=<project>``, every stack (not its resources: the value moves at each
+    redeploy) ``trn-platform:expires-at=<ISO-8601 UTC>``; every stack refuses, at synth, any
+    resource that asks to be retained; a one-time EventBridge Scheduler schedule at expiry
+    invokes a small function that deletes the stacks newest first, each only if its tags
+    match, and moves the schedule to a later expiry tag when it finds one; an AWS Budgets budget
+    on the preview tag alerts at 50, 80 and 100 percent to a KMS-encrypted SNS topic, which also
+    hears of a deletion that keeps failing and forwards both to ``alert_email`` when given.
 
     The function may only describe and delete the preview's own stacks: CloudFormation deletes
     their resources with the service role each stack was deployed with (``cdk deploy`` uses the
@@ -84,7 +88,8 @@ class PreviewLifecycle(Construct):
 
     Raises:
         ValueError: a project name that is not DNS-safe, a naive or past-the-epoch expiry, no
-            stacks, a budget below 1 USD or a malformed email.
+            stacks, a budget below 1 USD, a malformed email, or a stack region whose
+            CloudFormation has no AWS::Budgets::Budget (:data:`PREVIEW_REGIONS` lists the others).
     """
 
     def __init__(
@@ -92,11 +97,19 @@ class PreviewLifecycle(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         _validate(props)
+        region = Stack.of(self).region
+        if not Token.is_unresolved(region) and region not in PREVIEW_REGIONS:
+            raise ValueError(
+                f"region {region!r} is not allowed: the preview's budget needs CloudFormation's "
+                f"AWS::Budgets::Budget, offered in {', '.join(sorted(PREVIEW_REGIONS))}"
+            )
         self.props = props
         expires = props.expires_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for stack in props.stacks:
             Tags.of(stack).add(TAG_PREVIEW, props.project)
-            Tags.of(stack).add(TAG_EXPIRES_AT, expires)
+            # On the stack only: the expiry moves at every redeploy, and a resource carrying it
+            # would change with it (a launch template would make EKS replace its nodes).
+            Tags.of(stack).add(TAG_EXPIRES_AT, expires, include_resource_types=[STACK_TAGS])
             stack.node.add_validation(_RefuseRetain(stack))
         self.topic = self._topic()
         self.reaper = self._reaper()

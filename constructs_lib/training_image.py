@@ -16,6 +16,13 @@ from constructs_lib._common import acknowledge_wildcards
 from trn_catalog import neuron_stacks
 
 COPY_MEMORY_MIB = 3008
+# The bundled image's tags, ``bundled-<content hash>``: the one pattern left out of the
+# repository's tag immutability. CloudFormation re-runs the deploy-time copy with the same image
+# (a rollback, a construct upgrade, a changed property), and ECR refuses any push to an existing
+# immutable tag (cdklabs/cdk-ecr-deployment#207). Only the copy writes these tags, each always
+# with the same image: its source is the CDK assets repository's tag of the same hash, which the
+# bootstrap template (CDK CLI 2.1148.1, bootstrap version 33) makes IMMUTABLE.
+BUNDLED_TAG_PREFIX = "bundled-"
 
 
 @dataclass(frozen=True)
@@ -42,15 +49,18 @@ class TrainingImageProps:
 class TrainingImage(Construct):
     """Where training images live: an ECR repository and the bundled trainer, built at deploy.
 
-    Default settings: the repository scans on push, refuses tag overwrites (IMMUTABLE), is
-    encrypted with a rotating KMS key and expires untagged images beyond ``keep_images``. The
-    bundled image is a DockerImageAsset (linux/amd64) built by ``cdk deploy``; synth needs no
-    Docker. ``cdk deploy`` publishes it to the CDK assets repository, and a deploy-time copy
-    (cdklabs' cdk-ecr-deployment, with a role limited to the two repositories) puts it into this
-    repository, tagged with its content hash: ``image_uri`` is that copy.
+    Default settings: the repository scans on push, refuses tag overwrites except on the
+    bundled image's own ``bundled-<content hash>`` tags (IMMUTABLE_WITH_EXCLUSION), is encrypted
+    with a rotating KMS key and expires untagged images beyond ``keep_images``. The bundled image
+    is a DockerImageAsset (linux/amd64) built by ``cdk deploy``; synth needs no Docker.
+    ``cdk deploy`` publishes it to the CDK assets repository, and a deploy-time copy (cdklabs'
+    cdk-ecr-deployment, with a role limited to the two repositories) puts it into this
+    repository as ``bundled-<content hash>``: ``image_uri`` is that copy. The copy may run again
+    with the same image (CloudFormation re-runs it on a rollback or a changed property), which
+    an immutable tag would refuse; every other tag, any image pushed for jobs, stays immutable.
 
     Attributes:
-        repository, asset, copy, image_uri, neuron_stack.
+        repository, asset, copy, image_tag, image_uri, neuron_stack.
 
     Raises:
         ValueError: ``neuron_stack`` not native or xla, or ``keep_images`` below 1.
@@ -76,7 +86,10 @@ class TrainingImage(Construct):
             self,
             "Repository",
             image_scan_on_push=True,
-            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE_WITH_EXCLUSION,
+            image_tag_mutability_exclusion_filters=[
+                ecr.ImageTagMutabilityExclusionFilter.wildcard(f"{BUNDLED_TAG_PREFIX}*")
+            ],
             encryption=ecr.RepositoryEncryption.KMS,
             encryption_key=key,
             removal_policy=props.removal_policy,
@@ -99,7 +112,8 @@ class TrainingImage(Construct):
         )
         # cdk deploy publishes the asset to the CDK bootstrap repository, which neither scans
         # nor uses this key; the copy puts the image here, tagged with its content hash.
-        self.image_uri = f"{self.repository.repository_uri}:{self.asset.asset_hash}"
+        self.image_tag = f"{BUNDLED_TAG_PREFIX}{self.asset.asset_hash}"
+        self.image_uri = f"{self.repository.repository_uri}:{self.image_tag}"
         self.copy = self._copy_into_repository()
 
     def _copy_into_repository(self) -> ecr_deployment.ECRDeployment:

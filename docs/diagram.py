@@ -25,6 +25,9 @@ KEPT: dict[str, str] = {
     "AWS::EC2::VPCEndpoint": "VPC endpoint",
     "AWS::EC2::FlowLog": "Flow logs",
     "AWS::EC2::SubnetCidrReservation": "Prefix reservation",
+    # AwsCustomResource; the app's only one makes the prefix reservation through EC2's API where
+    # CloudFormation has no reservation type (us-east-2 among those regions).
+    "Custom::AWS": "Prefix reservation",
     "AWS::S3::Bucket": "S3 bucket",
     "AWS::FSx::FileSystem": "FSx for Lustre",
     "AWS::FSx::DataRepositoryAssociation": "Data repository association",

@@ -26,7 +26,7 @@ from platform_config.model import (
 )
 from trn_catalog import formats
 from trn_catalog import fsx as fsx_limits
-from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS
+from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, PREVIEW_REGIONS
 
 CONTEXT_KEYS: tuple[str, ...] = (
     "account",
@@ -346,6 +346,13 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
     reader.problems.extend(_near_misses(context))
     profile, preview = _profile(reader)
     account, region, az = _location(reader)
+    reader.check(
+        preview is None or not region or region in PREVIEW_REGIONS,
+        "region",
+        region,
+        "a preview's budget needs CloudFormation's AWS::Budgets::Budget, which this region does "
+        f"not offer; previews deploy to {', '.join(sorted(PREVIEW_REGIONS))}",
+    )
     ttl_hours = _preview_ttl(reader, preview)
     trn = _trn(reader, profile)
     config = PlatformConfig(

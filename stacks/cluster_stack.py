@@ -50,5 +50,5 @@ class ClusterStack(Stack):
             capacity=config.trn.capacity,
             capacity_reservation_id=config.trn.capacity_reservation_id,
             security_groups=[network.lustre_clients],
-            nodegroup_name=f"{config.name}-trn",
+            name_prefix=f"{config.name}-trn",
         )

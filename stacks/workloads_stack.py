@@ -64,6 +64,9 @@ class WorkloadsStack(Stack):
             environment=config.name,
             region=config.region,
             cluster_name=cluster.cluster_name,
+            # A plain string at synth, not a reference: the cluster stack can replace the node
+            # group (new name) without an export that this stack holds.
+            trn_nodegroup=trainium.nodegroup_name,
             node_role_arn=trainium.node_role.role_arn,
             fsx_file_system_id=data.file_system.file_system_id,
             fsx_mount_name=data.file_system.mount_name,

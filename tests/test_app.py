@@ -4,9 +4,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, VARIANTS, Synth, context_with
+from trn_catalog.outputs import TAG_EXPIRES_AT
 
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
 
@@ -65,3 +68,26 @@ def test_cdk_cli_synthesizes_the_default_platform_offline(tmp_path: Path) -> Non
         if r["Type"] == "AWS::EC2::Subnet"
     }
     assert zones == {"us-east-2a", "us-east-2b"}
+
+
+def test_a_preview_redeployed_later_changes_only_its_lifecycle(
+    synth_variant: Callable[[str], Synth], tmp_path: Path
+) -> None:
+    """A redeploy hours later moves the expiry, and nothing else: a launch template or node group
+    that changed would make EKS replace every node of the preview."""
+    from app import build_app
+
+    first = synth_variant("preview")
+    later = datetime.now(UTC) + timedelta(hours=2, minutes=7)
+    app, platform = build_app(context_with(VARIANTS["preview"]), str(tmp_path), now=later)
+    app.synth()
+    for path in sorted(first.outdir.glob("*.template.json")):
+        again = (tmp_path / path.name).read_bytes()
+        if path.name.endswith("-lifecycle.template.json"):
+            assert again != path.read_bytes()
+        else:
+            assert again == path.read_bytes(), f"{path.name} changed with the clock"
+    for before, after in zip(first.platform.stacks, platform.stacks, strict=True):
+        old, new = before.tags.tag_values(), after.tags.tag_values()
+        assert old.pop(TAG_EXPIRES_AT) < new.pop(TAG_EXPIRES_AT)
+        assert old == new

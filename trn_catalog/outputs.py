@@ -19,8 +19,44 @@ TAG_ENVIRONMENT = "trn-platform:environment"
 TAG_PROFILE = "trn-platform:profile"
 TAG_PREVIEW = "trn-platform:preview"
 TAG_EXPIRES_AT = "trn-platform:expires-at"
+# Tags that stay on the stacks alone: a value that changes at every synth (the expiry moves with
+# each redeploy) must not reach a resource whose update disrupts it. In a launch template's tag
+# specifications it makes a new template version, and EKS then replaces every node of the node
+# group. CloudFormation still copies stack tags to the resources that take tags, in place.
+STACK_ONLY_TAGS = (TAG_EXPIRES_AT,)
 # A preview lives at most two weeks (ttl_hours at synth, `trnctl preview extend` after).
 MAX_PREVIEW_TTL_HOURS = 24 * 14
+# Where a preview can deploy: its budget is CloudFormation's AWS::Budgets::Budget, which the
+# regional resource schemas (as cfn-lint 1.58 ships them) offer in these regions only.
+PREVIEW_REGIONS = frozenset(
+    {
+        "ap-northeast-1",
+        "ap-northeast-2",
+        "ap-south-1",
+        "ap-southeast-1",
+        "ap-southeast-2",
+        "ca-central-1",
+        "cn-north-1",
+        "cn-northwest-1",
+        "eu-central-1",
+        "eu-isoe-west-1",
+        "eu-west-1",
+        "eu-west-2",
+        "eu-west-3",
+        "eusc-de-east-1",
+        "sa-east-1",
+        "us-east-1",
+        "us-east-2",
+        "us-iso-east-1",
+        "us-iso-west-1",
+        "us-isob-east-1",
+        "us-isob-west-1",
+        "us-isof-east-1",
+        "us-isof-south-1",
+        "us-west-1",
+        "us-west-2",
+    }
+)
 
 
 def parameter_name(environment: str) -> str:
@@ -35,6 +71,8 @@ class EnvironmentOutputs:
     environment: str
     region: str
     cluster_name: str
+    # The Trainium managed node group; its name changes when CloudFormation replaces it.
+    trn_nodegroup: str
     node_role_arn: str
     fsx_file_system_id: str
     fsx_mount_name: str

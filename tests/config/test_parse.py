@@ -138,6 +138,10 @@ BAD_INPUT = [
     ({"budget_usd": "800"}, r"budget_usd: '800' .*only used with preview=<project>"),
     ({"preview": "nlp", "budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
     ({"preview": "nlp", "budget_usd": "lots"}, r"budget_usd: 'lots' .*whole number"),
+    (
+        {"preview": "nlp", "region": "ap-south-2", "availability_zone": "ap-south-2a"},
+        r"region: 'ap-south-2' .*preview's budget needs CloudFormation's AWS::Budgets::Budget",
+    ),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
 ]

@@ -29,6 +29,7 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         environment="trn-dev",
         region="us-east-2",
         cluster_name="trn-dev",
+        trn_nodegroup="trn-dev-trn-0a1b2c3d",
         node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
         fsx_file_system_id="fs-0123456789abcdef0",
         fsx_mount_name="abcdefgh",

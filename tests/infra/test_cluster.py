@@ -99,7 +99,7 @@ def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
     assert trn_subnet.availability_zone == "us-east-2a"
     (subnet,) = trn["Subnets"]
     assert "PrivateSubnet1" in json.dumps(subnet)
-    assert trn["NodegroupName"] == "trn-dev-trn"
+    assert re.fullmatch(r"trn-dev-trn-[0-9a-f]{8}", trn["NodegroupName"])
     assert trn["ScalingConfig"]["DesiredSize"] == 2
 
 
@@ -539,7 +539,7 @@ def test_image_repository(dev: Synth) -> None:
     (repository,) = dev.resources("image", "AWS::ECR::Repository").values()
     props = repository["Properties"]
     assert props["ImageScanningConfiguration"] == {"ScanOnPush": True}
-    assert props["ImageTagMutability"] == "IMMUTABLE"
+    assert props["ImageTagMutability"] == "IMMUTABLE_WITH_EXCLUSION"
     assert props["EncryptionConfiguration"]["EncryptionType"] == "KMS"
     assets = json.loads((dev.outdir / "trn-dev-image.assets.json").read_text())
     (image,) = assets["dockerImages"].values()
@@ -555,7 +555,8 @@ def test_jobs_run_the_image_copied_into_the_repository(dev: Synth) -> None:
     source = json.dumps(copy["Properties"]["SrcImage"])
     dest = json.dumps(copy["Properties"]["DestImage"])
     assert "container-assets" in source and asset_hash in source
-    assert repository in dest and f":{asset_hash}" in dest and "container-assets" not in dest
+    assert repository in dest and f":bundled-{asset_hash}" in dest
+    assert "container-assets" not in dest
     # The copy waits for its grants, which allow no ECR action beyond the two repositories.
     (policy_id, policy) = next(iter(dev.resources("image", "AWS::IAM::Policy").items()))
     assert policy_id in copy["DependsOn"]
@@ -565,7 +566,7 @@ def test_jobs_run_the_image_copied_into_the_repository(dev: Synth) -> None:
     # What the jobs run: the repository's image, by content hash.
     assert dev.platform.workloads.workspace.props.image_uri == dev.platform.image.image.image_uri
     workloads = json.dumps(dev.template("workloads"))
-    assert f":{asset_hash}" in workloads and "container-assets" not in workloads
+    assert f":bundled-{asset_hash}" in workloads and "container-assets" not in workloads
 
 
 def neuron_cluster(**overrides: Any) -> NeuronCluster:

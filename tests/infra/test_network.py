@@ -1,11 +1,18 @@
 import ipaddress
+import json
+from importlib import resources
 from typing import Any
 
 import aws_cdk as cdk
+import boto3
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk.assertions import Template
+from moto import mock_aws
 
 from constructs_lib import DEFAULT_INTERFACE_ENDPOINTS, TrainingNetwork, TrainingNetworkProps
+from constructs_lib.network import NATIVE_RESERVATION_REGIONS
+from platform_config.parse import DEFAULT_REGION
 from tests.conftest import Synth
 
 
@@ -30,20 +37,117 @@ def test_private_subnets_are_sized_for_prefix_delegation(dev: Synth) -> None:
         assert subnet["MapPublicIpOnLaunch"] is False
 
 
-def test_trn_subnet_keeps_a_prefix_reservation(dev: Synth) -> None:
-    (reservation,) = dev.resources("network", "AWS::EC2::SubnetCidrReservation").values()
-    props = reservation["Properties"]
-    assert props["ReservationType"] == "prefix"
-    (trn_subnet,) = [s for s in subnets(dev, "Private") if s["AvailabilityZone"] == "us-east-2a"]
-    assert ipaddress.ip_network(props["Cidr"]).subnet_of(
-        ipaddress.ip_network(trn_subnet["CidrBlock"])
-    )
-    subnet_ids = [
-        logical_id
-        for logical_id, r in dev.resources("network", "AWS::EC2::Subnet").items()
-        if r["Properties"]["CidrBlock"] == trn_subnet["CidrBlock"]
+def trn_subnet(synth: Synth) -> tuple[str, dict[str, Any]]:
+    """The trn AZ's private subnet: logical id and properties."""
+    ((logical_id, props),) = [
+        (i, r["Properties"])
+        for i, r in synth.resources("network", "AWS::EC2::Subnet").items()
+        if r["Properties"]["AvailabilityZone"] == "us-east-2a"
+        and {"Key": "aws-cdk:subnet-type", "Value": "Private"} in r["Properties"]["Tags"]
     ]
-    assert props["SubnetId"] == {"Ref": subnet_ids[0]}
+    return logical_id, props
+
+
+def sdk_call(resource: dict[str, Any], phase: str, subnet_id: str) -> dict[str, Any]:
+    """An AwsCustomResource call as the template renders it, the subnet's Ref filled in."""
+    value = resource["Properties"][phase]
+    parts = value["Fn::Join"][1] if isinstance(value, dict) else [value]
+    call: dict[str, Any] = json.loads(
+        "".join(p if isinstance(p, str) else subnet_id for p in parts)
+    )
+    return call
+
+
+def test_trn_subnet_keeps_a_prefix_reservation(dev: Synth) -> None:
+    """us-east-2's CloudFormation has no AWS::EC2::SubnetCidrReservation: the network makes the
+    reservation with EC2's own calls at deploy time."""
+    assert not dev.resources("network", "AWS::EC2::SubnetCidrReservation")
+    (resource,) = dev.resources("network", "Custom::AWS").values()
+    subnet_id, subnet = trn_subnet(dev)
+    create = sdk_call(resource, "Create", "SUBNET")
+    assert (create["service"], create["action"]) == ("EC2", "CreateSubnetCidrReservation")
+    params = create["parameters"]
+    assert params["ReservationType"] == "prefix" and params["SubnetId"] == "SUBNET"
+    assert ipaddress.ip_network(params["Cidr"]).subnet_of(ipaddress.ip_network(subnet["CidrBlock"]))
+    assert ipaddress.ip_network(params["Cidr"]).prefixlen == 20
+    assert {"Ref": subnet_id} in resource["Properties"]["Create"]["Fn::Join"][1]
+    assert sdk_call(resource, "Update", "SUBNET") == create
+    delete = sdk_call(resource, "Delete", "SUBNET")
+    assert delete["action"] == "DeleteSubnetCidrReservation"
+    # The function may make and delete reservations, nothing else.
+    (policy,) = [
+        p["Properties"]["PolicyDocument"]["Statement"]
+        for i, p in dev.resources("network", "AWS::IAM::Policy").items()
+        if "TrnPrefixReservation" in i
+    ]
+    assert policy == [
+        {
+            "Action": ["ec2:CreateSubnetCidrReservation", "ec2:DeleteSubnetCidrReservation"],
+            "Effect": "Allow",
+            "Resource": "*",
+        }
+    ]
+
+
+def test_the_reservation_calls_work_against_ec2(
+    dev: Synth, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's calls, made with boto3 (parameters checked against EC2's API model) on
+    moto's EC2: the reservation appears with its block, and the delete call removes it."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    (resource,) = dev.resources("network", "Custom::AWS").values()
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-east-2")
+        vpc = client.create_vpc(CidrBlock="10.64.0.0/16")["Vpc"]["VpcId"]
+        cidr = trn_subnet(dev)[1]["CidrBlock"]
+        subnet = client.create_subnet(VpcId=vpc, CidrBlock=cidr)["Subnet"]["SubnetId"]
+        create = sdk_call(resource, "Create", subnet)
+        response = client.create_subnet_cidr_reservation(**create["parameters"])
+        reservation_id = response
+        for key in create["physicalResourceId"]["responsePath"].split("."):
+            reservation_id = reservation_id[key]
+        (held,) = client.get_subnet_cidr_reservations(SubnetId=subnet)["SubnetIpv4CidrReservations"]
+        assert (held["Cidr"], held["ReservationType"]) == (
+            create["parameters"]["Cidr"],
+            "prefix",
+        )
+        delete = sdk_call(resource, "Delete", subnet)
+        params = {
+            k: reservation_id if v == "PHYSICAL:RESOURCEID:" else v
+            for k, v in delete["parameters"].items()
+        }
+        client.delete_subnet_cidr_reservation(**params)
+        assert not client.get_subnet_cidr_reservations(SubnetId=subnet)[
+            "SubnetIpv4CidrReservations"
+        ]
+
+
+@pytest.mark.parametrize("region", sorted(NATIVE_RESERVATION_REGIONS))
+def test_where_cloudformation_has_the_type_the_reservation_is_a_resource(region: str) -> None:
+    built = network(
+        region=region,
+        trn_availability_zone=f"{region}a",
+        availability_zones=[f"{region}a", f"{region}b"],
+    )
+    template = Template.from_stack(cdk.Stack.of(built)).to_json()
+    types = {r["Type"] for r in template["Resources"].values()}
+    assert "AWS::EC2::SubnetCidrReservation" in types
+    assert "Custom::AWS" not in types
+
+
+def test_native_reservations_only_where_cloudformation_offers_the_type() -> None:
+    """The regional schemas of the pinned cfn-lint (CloudFormation's own) list the type in every
+    region of the list; the default region (which lacks it in cfn-lint 1.58) uses the calls."""
+    providers = resources.files("cfnlint") / "data" / "schemas" / "providers"
+    offered = {
+        path.name.removesuffix(".json")
+        for path in providers.iterdir()
+        if path.name.endswith(".json")
+        and "AWS::EC2::SubnetCidrReservation" in json.loads(path.read_text())
+    }
+    assert offered >= NATIVE_RESERVATION_REGIONS
+    assert DEFAULT_REGION not in NATIVE_RESERVATION_REGIONS
 
 
 def test_nat_per_profile(dev: Synth, prod: Synth) -> None:
@@ -116,10 +220,8 @@ def test_prod_retains_the_flow_logs(dev: Synth, prod: Synth) -> None:
     assert prod_group["DeletionPolicy"] == "Retain"
 
 
-def network(**overrides: Any) -> TrainingNetwork:
-    stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
-    )
+def network(region: str = "us-east-2", **overrides: Any) -> TrainingNetwork:
+    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="123456789012", region=region))
     props: dict[str, Any] = {
         "trn_availability_zone": "us-east-2a",
         "availability_zones": ["us-east-2a", "us-east-2b"],
@@ -170,23 +272,33 @@ def test_construct_exposes_the_trn_subnet() -> None:
     assert built.cidr == "10.64.0.0/16"
 
 
-def test_trn_az_need_not_be_the_first() -> None:
+def reservation_of(template: dict[str, Any]) -> tuple[str, str]:
+    """The reserved block and the logical id of its subnet, made as a resource or by a call."""
+    for resource in template.values():
+        if resource["Type"] == "AWS::EC2::SubnetCidrReservation":
+            props = resource["Properties"]
+            return props["Cidr"], props["SubnetId"]["Ref"]
+    (call,) = [r for r in template.values() if r["Type"] == "Custom::AWS"]
+    (subnet,) = [p["Ref"] for p in call["Properties"]["Create"]["Fn::Join"][1] if "Ref" in p]
+    return sdk_call(call, "Create", "SUBNET")["parameters"]["Cidr"], subnet
+
+
+@pytest.mark.parametrize("region", ["us-east-2", "us-west-2"])
+def test_trn_az_need_not_be_the_first(region: str) -> None:
     """The trn subnet, its prefix reservation and the subnet the platform's FSx and trn nodes
-    use follow the trn AZ wherever it sits in the list."""
+    use follow the trn AZ wherever it sits in the list, however the reservation is made."""
     built = network(
-        trn_availability_zone="us-east-2b", availability_zones=["us-east-2a", "us-east-2b"]
+        region=region,
+        trn_availability_zone=f"{region}b",
+        availability_zones=[f"{region}a", f"{region}b"],
     )
-    assert built.trn_subnet.availability_zone == "us-east-2b"
+    assert built.trn_subnet.availability_zone == f"{region}b"
     template = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()["Resources"]
-    (reservation,) = [
-        r["Properties"] for r in template.values() if r["Type"] == "AWS::EC2::SubnetCidrReservation"
-    ]
-    subnet = template[reservation["SubnetId"]["Ref"]]["Properties"]
-    assert subnet["AvailabilityZone"] == "us-east-2b"
+    cidr, subnet_id = reservation_of(template)
+    subnet = template[subnet_id]["Properties"]
+    assert subnet["AvailabilityZone"] == f"{region}b"
     assert {"Key": "aws-cdk:subnet-type", "Value": "Private"} in subnet["Tags"]
-    assert ipaddress.ip_network(reservation["Cidr"]).subnet_of(
-        ipaddress.ip_network(subnet["CidrBlock"])
-    )
+    assert ipaddress.ip_network(cidr).subnet_of(ipaddress.ip_network(subnet["CidrBlock"]))
 
 
 def own_vpc(stack: cdk.Stack, zones: list[str]) -> ec2.Vpc:

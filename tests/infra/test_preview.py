@@ -3,6 +3,7 @@
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
 from platform_config import parse_config
 from stacks import build_platform
 from tests.conftest import Synth, context_with
-from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
+from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -73,6 +74,21 @@ def test_preview_stacks_are_tagged_and_expire(synth_variant: Callable[[str], Syn
         assert tags[TAG_PREVIEW] == "alpha"
         expiry = datetime.strptime(tags[TAG_EXPIRES_AT], "%Y-%m-%dT%H:%M:%SZ")
         assert expiry.second == 0
+    # The expiry is a stack tag only (CloudFormation copies it to resources in place); the
+    # preview tag is on every taggable resource too.
+    for name, template in synth.templates.items():
+        keys = resource_tag_keys(template)
+        assert TAG_EXPIRES_AT not in keys, name
+        assert TAG_PREVIEW in keys, name
+
+
+def resource_tag_keys(template: dict[str, Any]) -> set[str]:
+    """The tag keys the template's resources carry (``Tags`` as a list or a map)."""
+    keys: set[str] = set()
+    for resource in template["Resources"].values():
+        tags = resource.get("Properties", {}).get("Tags", [])
+        keys |= set(tags) if isinstance(tags, dict) else {t["Key"] for t in tags}
+    return keys
 
 
 def test_expiry_schedule_invokes_the_reaper_with_the_stacks(
@@ -170,7 +186,8 @@ def test_reaper_may_move_only_its_own_schedule(two_previews: dict[str, dict[str,
 def test_preview_instances_and_volumes_carry_the_preview_tags(
     two_previews: dict[str, dict[str, Any]],
 ) -> None:
-    # Node group tags do not reach instances; the budget filters on the preview tag.
+    # Node group tags do not reach instances; the budget filters on the preview tag. The expiry
+    # stays off: it moves at every redeploy, and a new template version replaces every node.
     templates = [
         r["Properties"]["LaunchTemplateData"]
         for r in two_previews["trn-pv-alpha-cluster"]["Resources"].values()
@@ -183,7 +200,7 @@ def test_preview_instances_and_volumes_carry_the_preview_tags(
         for tags in kinds.values():
             values = {t["Key"]: t["Value"] for t in tags}
             assert values[TAG_PREVIEW] == "alpha"
-            assert values[TAG_EXPIRES_AT] == "2026-11-30T20:00:00Z"
+            assert TAG_EXPIRES_AT not in values
 
 
 def test_nothing_in_a_preview_is_retained(two_previews: dict[str, dict[str, Any]]) -> None:
@@ -203,9 +220,9 @@ def test_a_retain_request_in_a_preview_is_refused(tmp_path: Path) -> None:
         app.synth()
 
 
-def lifecycle(**overrides: Any) -> PreviewLifecycle:
+def lifecycle(region: str = "us-east-2", **overrides: Any) -> PreviewLifecycle:
     app = cdk.App()
-    stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region="us-east-2"))
+    stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region=region))
     props: dict[str, Any] = {"project": "delta", "expires_at": NOW, "stacks": [stack], **overrides}
     return PreviewLifecycle(stack, "P", props=PreviewLifecycleProps(**props))
 
@@ -224,3 +241,19 @@ def lifecycle(**overrides: Any) -> PreviewLifecycle:
 def test_lifecycle_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         lifecycle(**overrides)
+
+
+def test_a_preview_needs_a_region_whose_cloudformation_makes_budgets() -> None:
+    with pytest.raises(ValueError, match=r"region 'ap-south-2' is not allowed: .*Budgets::Budget"):
+        lifecycle(region="ap-south-2")
+
+
+def test_preview_regions_are_where_cloudformation_offers_budgets() -> None:
+    """The list follows the regional schemas of the pinned cfn-lint (CloudFormation's own)."""
+    providers = resources.files("cfnlint") / "data" / "schemas" / "providers"
+    offered = {
+        path.name.removesuffix(".json")
+        for path in providers.iterdir()
+        if path.name.endswith(".json") and "AWS::Budgets::Budget" in json.loads(path.read_text())
+    }
+    assert offered == PREVIEW_REGIONS

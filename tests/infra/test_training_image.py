@@ -1,16 +1,119 @@
-"""TrainingImage's repository lifecycle (``keep_images``) and the props it refuses."""
+"""TrainingImage: the repository's lifecycle, the props it refuses, and the bundled image's
+copy, which may run again while the tags jobs rely on stay immutable."""
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+import boto3
 import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
 
 from constructs_lib import TrainingImage, TrainingImageProps
+from constructs_lib.training_image import BUNDLED_TAG_PREFIX
 from tests.conftest import Synth
+
+REGION = "us-east-2"
+
+
+def repository(dev: Synth) -> tuple[str, dict[str, Any]]:
+    ((logical_id, resource),) = dev.resources("image", "AWS::ECR::Repository").items()
+    return logical_id, resource
+
+
+def copy_tag(dev: Synth) -> str:
+    """The tag the deploy-time copy writes, from its DestImage (docker://<uri>:<tag>)."""
+    (copy,) = dev.resources("image", "Custom::CDKECRDeployment").values()
+    parts = copy["Properties"]["DestImage"]["Fn::Join"][1]
+    tail: str = parts[-1]
+    return tail.rsplit(":", 1)[1]
+
+
+def test_only_the_bundled_tags_escape_immutability(dev: Synth) -> None:
+    props = repository(dev)[1]["Properties"]
+    assert props["ImageTagMutability"] == "IMMUTABLE_WITH_EXCLUSION"
+    (exclusion,) = props["ImageTagMutabilityExclusionFilters"]
+    assert exclusion == {
+        "ImageTagMutabilityExclusionFilterType": "WILDCARD",
+        "ImageTagMutabilityExclusionFilterValue": f"{BUNDLED_TAG_PREFIX}*",
+    }
+    tag = copy_tag(dev)
+    assert fnmatch.fnmatchcase(tag, exclusion["ImageTagMutabilityExclusionFilterValue"])
+    assert dev.platform.image.image.image_uri.endswith(f":{tag}")
+
+
+def manifest(layer: str) -> str:
+    digest = "sha256:" + hashlib.sha256(layer.encode()).hexdigest()
+    return json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {
+                "mediaType": "application/vnd.docker.container.image.v1+json",
+                "size": 7,
+                "digest": digest,
+            },
+            "layers": [],
+        }
+    )
+
+
+@pytest.fixture
+def ecr(dev: Synth, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    """moto's ECR holding the repository as the image template defines it (with its key),
+    created through moto's CloudFormation."""
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(key, value)
+    logical_id, resource = repository(dev)
+    key_id = resource["Properties"]["EncryptionConfiguration"]["KmsKey"]["Fn::GetAtt"][0]
+    key = dev.template("image")["Resources"][key_id]
+    # moto 5.2.5 reads a KMS key's CloudFormation tags with the API's field names: leave them out.
+    key = {**key, "Properties": {k: v for k, v in key["Properties"].items() if k != "Tags"}}
+    # moto names an unnamed repository after its logical id, which ECR's name pattern refuses.
+    named = {**resource, "Properties": {**resource["Properties"], "RepositoryName": "trainer"}}
+    template = {"Resources": {key_id: key, logical_id: named}}
+    with mock_aws():
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        cloudformation.create_stack(StackName="image", TemplateBody=json.dumps(template))
+        yield boto3.client("ecr", region_name=REGION), "trainer"
+
+
+def tagged(client: Any, name: str, tag: str) -> str:
+    """The manifest the tag points at."""
+    (image,) = client.batch_get_image(repositoryName=name, imageIds=[{"imageTag": tag}])["images"]
+    text: str = image["imageManifest"]
+    return text
+
+
+def test_a_rerun_of_the_copy_may_write_its_tag_again(dev: Synth, ecr: tuple[Any, str]) -> None:
+    """A second push to the copy's tag goes through (moto models ECR's PutImage, where even an
+    identical push is refused; a second, different manifest stands in for the copy's
+    registry-API push, which an immutable tag refuses whatever it carries)."""
+    client, name = ecr
+    tag = copy_tag(dev)
+    client.put_image(repositoryName=name, imageManifest=manifest("first"), imageTag=tag)
+    assert tagged(client, name, tag) == manifest("first")
+    client.put_image(repositoryName=name, imageManifest=manifest("again"), imageTag=tag)
+    assert tagged(client, name, tag) == manifest("again")
+
+
+@pytest.mark.parametrize("tag", ["v1", "latest", "2026-11-30"])
+def test_every_other_tag_stays_immutable(ecr: tuple[Any, str], tag: str) -> None:
+    client, name = ecr
+    client.put_image(repositoryName=name, imageManifest=manifest("job"), imageTag=tag)
+    with pytest.raises(ClientError, match="ImageAlreadyExists"):
+        client.put_image(repositoryName=name, imageManifest=manifest("other"), imageTag=tag)
 
 
 def lifecycle_rules(resources: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,21 +1,30 @@
 import itertools
+import json
+from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 
 import trn_catalog
 from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
+from constructs_lib.trainium_nodegroup import REPLACING_PROPERTIES
 
 RESERVATION = "cr-0123456789abcdef0"
 TYPES = ("trn3.48xlarge", "trn2.48xlarge", "trn1.32xlarge")
 MODES = ("on-demand", "capacity-block", "odcr")
 
 
-def build(**overrides: Any) -> tuple[TrainiumNodeGroup, dict[str, Any]]:
+Tweak = Callable[[cdk.Stack, ec2.Vpc], dict[str, Any]]
+
+
+def build(tweak: Tweak | None = None, **overrides: Any) -> tuple[TrainiumNodeGroup, dict[str, Any]]:
+    """A node group in a stack of its own; ``tweak`` adds props made in that stack."""
     stack = cdk.Stack(
         cdk.App(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
@@ -24,6 +33,7 @@ def build(**overrides: Any) -> tuple[TrainiumNodeGroup, dict[str, Any]]:
         stack, "Cluster", cluster_name="c", vpc=vpc, cluster_security_group_id="sg-0123"
     )
     props: dict[str, Any] = {"cluster": cluster, "subnet": vpc.private_subnets[0], **overrides}
+    props.update(tweak(stack, vpc) if tweak else {})
     if props.get("capacity", "on-demand") != "on-demand":
         props.setdefault("capacity_reservation_id", RESERVATION)
     group = TrainiumNodeGroup(stack, "Trn", props=TrainiumNodeGroupProps(**props))
@@ -174,8 +184,121 @@ def test_efa_security_group_is_open_to_itself_only(
         ({"capacity_reservation_id": RESERVATION}, r"only used with capacity 'capacity-block'"),
         ({"capacity": "spot"}, r"capacity 'spot' is not allowed"),
         ({"root_volume_gib": 50}, r"root_volume_gib 50 is not allowed; use >= 100"),
+        ({"name_prefix": "-trn"}, r"name_prefix '-trn' is not allowed; use 1 to 54 letters"),
+        ({"name_prefix": "t" * 55}, r"name_prefix 't{55}' is not allowed"),
+        ({"name_prefix": "trn.dev"}, r"name_prefix 'trn\.dev' is not allowed"),
     ],
 )
 def test_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build(**overrides)
+
+
+def name_of(tweak: Tweak | None = None, **overrides: Any) -> str:
+    group, template = build(tweak, name_prefix="trn-dev-trn", **overrides)
+    name: str = nodegroup(template)["NodegroupName"]
+    assert cdk.Stack.of(group).resolve(group.nodegroup_name) == name
+    return name
+
+
+def test_replacing_properties_are_cloudformations_create_only_ones() -> None:
+    """The digest covers what the resource schema (cfn-lint 1.58's copy of CloudFormation's)
+    says replaces a node group."""
+    schemas = resources.files("cfnlint") / "data" / "schemas"
+    providers = json.loads((schemas / "providers" / "us-east-2.json").read_text())
+    digest = providers["AWS::EKS::Nodegroup"]
+    schema = json.loads((schemas / "resources" / f"{digest}.json").read_text())
+    create_only = {p.removeprefix("/properties/") for p in schema["createOnlyProperties"]}
+    assert create_only == {*REPLACING_PROPERTIES, "NodegroupName"}
+
+
+@pytest.fixture(scope="module")
+def base_names() -> dict[str, str]:
+    """The names of an on-demand and a Capacity Block group, each built twice: the same."""
+    names = {"on-demand": name_of(), "capacity-block": name_of(**CAPACITY_BLOCK)}
+    assert names == {"on-demand": name_of(), "capacity-block": name_of(**CAPACITY_BLOCK)}
+    return names
+
+
+def other_subnet(stack: cdk.Stack, vpc: ec2.Vpc) -> dict[str, Any]:
+    return {"subnet": vpc.private_subnets[1]}
+
+
+def other_role(stack: cdk.Stack, vpc: ec2.Vpc) -> dict[str, Any]:
+    return {"node_role": iam.Role.from_role_arn(stack, "Other", "arn:aws:iam::123456789012:role/o")}
+
+
+@pytest.mark.parametrize(
+    ("tweak", "overrides"),
+    [
+        (other_subnet, {}),
+        (other_role, {}),
+        (None, {"capacity": "capacity-block", "capacity_reservation_id": RESERVATION}),
+    ],
+    ids=["subnet", "node-role", "capacity-type"],
+)
+def test_a_replaced_node_group_gets_a_new_name(
+    base_names: dict[str, str], tweak: Tweak | None, overrides: dict[str, Any]
+) -> None:
+    """CloudFormation cannot replace a resource whose custom name stays the same."""
+    assert name_of(tweak, **overrides) != base_names["on-demand"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"nodes": 4},
+        {"instance_type": "trn2.48xlarge"},
+        {"root_volume_gib": 1024},
+        {"labels": {"a": "b"}},
+    ],
+)
+def test_an_on_demand_group_updates_in_place(
+    base_names: dict[str, str], overrides: dict[str, Any]
+) -> None:
+    """A new launch template version rolls on-demand nodes one at a time, under the same name."""
+    assert name_of(**overrides) == base_names["on-demand"]
+
+
+CAPACITY_BLOCK = {"capacity": "capacity-block", "capacity_reservation_id": RESERVATION}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"capacity_reservation_id": "cr-0123456789abcdef9"},
+        {"instance_type": "trn2.48xlarge"},
+        {"root_volume_gib": 1024},
+    ],
+)
+def test_a_capacity_block_group_is_replaced_not_updated(
+    base_names: dict[str, str], overrides: dict[str, Any]
+) -> None:
+    """EKS updates a Capacity Block group only at desired size 0, and a rolling update needs room
+    the block lacks: a new launch template makes a new group (created at any size; its nodes
+    launch as the old group's leave the block), never an update in place."""
+    assert name_of(**{**CAPACITY_BLOCK, **overrides}) != base_names["capacity-block"]
+
+
+def test_a_capacity_block_group_scales_in_place(base_names: dict[str, str]) -> None:
+    assert name_of(**CAPACITY_BLOCK, nodes=0) == base_names["capacity-block"]
+
+
+def test_a_capacity_block_group_follows_the_stack_tags_of_its_instances(
+    base_names: dict[str, str],
+) -> None:
+    def tagged(stack: cdk.Stack, vpc: ec2.Vpc) -> dict[str, Any]:
+        cdk.Tags.of(stack).add("team", "nlp")
+        return {}
+
+    assert name_of(tagged, **CAPACITY_BLOCK) != base_names["capacity-block"]
+
+
+def test_without_a_prefix_cloudformation_names_the_group() -> None:
+    group, template = build()
+    assert "NodegroupName" not in nodegroup(template)
+    assert cdk.Stack.of(group).resolve(group.nodegroup_name) == {
+        "Ref": next(
+            k for k, r in template["Resources"].items() if r["Type"] == "AWS::EKS::Nodegroup"
+        )
+    }

@@ -3,18 +3,36 @@
 import json
 import subprocess
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
 
-from tests.conftest import ROOT, VARIANTS, Synth, context_with
+from constructs_lib.network import AWS_CUSTOM_RESOURCE_PROVIDER
+from platform_config.parse import DEFAULT_REGION
+from tests.conftest import ROOT, VARIANTS, Synth, context_with, synthesize
+from trn_catalog.outputs import PREVIEW_REGIONS
 
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 CFN_LINT = ROOT / ".venv" / "bin" / "cfn-lint"
 # cfn-lint knows trn2.48xlarge in us-east-2 only and no trn2u/trn3 at all.
 TRN_TYPE_RULE = "E3628"
+
+
+def trainium_regions() -> list[str]:
+    """Where the pinned cfn-lint's EC2 instance-type data (from the AWS Pricing API) lists a
+    Trainium type, and the default region. The instance catalog names no regions for trn3 (no
+    source lists them), so these are the regions a Trainium platform is known to deploy to."""
+    data = resources.files("cfnlint") / "data" / "schemas" / "extensions" / "aws_ec2_instance"
+    offered = json.loads((data / "instancetype_enum.json").read_text())
+    regions = {
+        region
+        for region, types in offered.items()
+        if isinstance(types, dict) and any(t.startswith("trn") for t in types["enum"])
+    }
+    return sorted(regions | {DEFAULT_REGION})
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -42,9 +60,19 @@ def test_cdk_nag_gate_is_live(tmp_path: Path) -> None:
     assert {"AwsSolutions-S1", "AwsSolutions-S10"} <= rules
 
 
-def cfn_lint_errors(*templates: Path) -> list[str]:
+def cfn_lint_errors(*templates: Path, region: str = DEFAULT_REGION) -> list[str]:
+    """cfn-lint's errors for ``templates`` in ``region``: a resource type or property that
+    CloudFormation does not offer there is an error (E3006, E3002), as the deploy would be."""
     result = subprocess.run(
-        [str(CFN_LINT), "--format", "parseable", *map(str, templates)],
+        [
+            str(CFN_LINT),
+            "--format",
+            "parseable",
+            "--regions",
+            region,
+            "--template",
+            *map(str, templates),
+        ],
         capture_output=True,
         text=True,
     )
@@ -61,12 +89,54 @@ def cfn_lint_errors(*templates: Path) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_cfn_lint_has_no_errors(synth_variant: Callable[[str], Synth], variant: str) -> None:
-    synth = synth_variant(variant)
+def lint(synth: Synth) -> list[str]:
+    """cfn-lint's errors for every template of ``synth``, in the region it deploys to."""
+    (region,) = {cdk.Stack.of(stack).region for stack in synth.platform.stacks}
     templates = [synth.outdir / f"{name}.template.json" for name in synth.templates]
     assert len(templates) >= 5
-    assert cfn_lint_errors(*templates) == []
+    return cfn_lint_errors(*templates, region=region)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cfn_lint_has_no_errors(synth_variant: Callable[[str], Synth], variant: str) -> None:
+    assert lint(synth_variant(variant)) == []
+
+
+@pytest.mark.parametrize("region", [r for r in trainium_regions() if r != DEFAULT_REGION])
+def test_cfn_lint_has_no_errors_in_every_trainium_region(
+    tmp_path_factory: pytest.TempPathFactory, region: str
+) -> None:
+    """The preview variant (every stack, the lifecycle's too) synthesized for each region where
+    Trainium runs, or the dev variant where previews cannot go; the variants above cover the
+    default region."""
+    zones = {
+        f"availability-zones:account=123456789012:region={region}": [f"{region}a", f"{region}b"]
+    }
+    overrides = {
+        **(VARIANTS["preview"] if region in PREVIEW_REGIONS else VARIANTS["dev"]),
+        **zones,
+        "region": region,
+        "availability_zone": f"{region}a",
+    }
+    synth = synthesize(overrides, tmp_path_factory.mktemp(f"cdk-{region}"))
+    assert lint(synth) == []
+
+
+def test_the_gate_lints_in_the_deploy_region(tmp_path: Path) -> None:
+    """us-east-2, the default region, has no AWS::EC2::SubnetCidrReservation in cfn-lint 1.58's
+    schemas (CloudFormation's regional ones): the same template passes in us-east-1 only."""
+    path = tmp_path / "reservation.template.json"
+    properties = {
+        "SubnetId": "subnet-0123456789abcdef0",
+        "Cidr": "10.0.0.0/20",
+        "ReservationType": "prefix",
+    }
+    resource = {"Type": "AWS::EC2::SubnetCidrReservation", "Properties": properties}
+    path.write_text(json.dumps({"Resources": {"R": resource}}))
+    assert cfn_lint_errors(path, region="us-east-1") == []
+    (error,) = cfn_lint_errors(path, region=DEFAULT_REGION)
+    assert ":E3006:" in error
+    assert {"us-east-1", DEFAULT_REGION} <= set(trainium_regions())
 
 
 def test_cfn_lint_ignores_unknown_types_only_when_they_are_trn(tmp_path: Path) -> None:
@@ -146,6 +216,7 @@ def test_only_cdk_custom_resource_providers_are_lambda_functions(
                     "KubectlProvider",
                     "LifecycleReaper",
                     "CustomCDKECRDeployment",
+                    AWS_CUSTOM_RESOURCE_PROVIDER,
                 )
                 assert any(part in logical_id for part in known), (name, logical_id)
 
