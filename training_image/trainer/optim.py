@@ -18,16 +18,33 @@ def lr_at(step: int, *, peak: float, warmup: int, total: int, min_ratio: float =
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
+# Devices whose fused AdamW kernel torch ships and this trainer runs on. XLA has none, and the
+# Neuron device's support is unknown, so they keep torch's default.
+FUSED_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def fusable(params: list[nn.Parameter]) -> bool:
+    """True when every parameter is a plain tensor on a device in :data:`FUSED_DEVICES`
+    (FSDP2's sharded DTensor parameters are not)."""
+    return bool(params) and all(
+        p.device.type in FUSED_DEVICES and type(p.data) is torch.Tensor for p in params
+    )
+
+
 def build(
     model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float]
 ) -> torch.optim.AdamW:
-    """AdamW; norms, biases and other vectors are not decayed (decaying them only hurts)."""
+    """AdamW; norms, biases and other vectors are not decayed (decaying them only hurts).
+
+    Fused where :func:`fusable`: one pass over each parameter and its state instead of eight;
+    the update is AdamW's either way.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fusable(params) or None)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

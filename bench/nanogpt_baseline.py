@@ -1,0 +1,178 @@
+"""A nanoGPT-equivalent training loop, written here, as the trainer benchmark's baseline.
+
+It makes the choices karpathy/nanoGPT's model.py and train.py make (read at commit 3adf61e1):
+learned position embeddings looked up per step, pre-norm blocks with LayerNorm, one fused
+query/key/value projection and ``scaled_dot_product_attention(is_causal=True)``, a GELU MLP four
+times the width, the output head tied to the token embedding, GPT-2's init with the residual
+projections scaled by ``1/sqrt(2 * layers)``, AdamW with decay on matrices only and
+``fused=True`` only on CUDA, the cosine learning-rate schedule set on every step, gradient
+clipping at 1.0, ``zero_grad(set_to_none=True)``, batches of random windows stacked from the
+token array, and ``loss.item()`` on every step (its default ``log_interval`` of 1). Dropout is
+left out: nanoGPT's default rate is 0, where ``nn.Dropout`` returns its input.
+
+Two architecture choices are options, because the trainer's ``small`` preset makes them
+differently from nanoGPT's defaults: ``bias`` (nanoGPT: off by default, an option; the preset:
+on) and ``gelu`` (nanoGPT: the exact erf form, ``"none"``; the preset: GPT-2's tanh
+approximation, ``"tanh"``). ``bias=True, gelu="tanh"`` is the like-for-like baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int, bias: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width, bias=bias)
+        self.out = nn.Linear(width, width, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for z in self.qkv(x).split(c, dim=2)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out: torch.Tensor = self.out(y.transpose(1, 2).contiguous().view(b, t, c))
+        return out
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int, heads: int, bias: bool, gelu: str) -> None:
+        super().__init__()
+        self.gelu = gelu
+        self.norm1 = nn.LayerNorm(width, bias=bias)
+        self.attn = SelfAttention(width, heads, bias)
+        self.norm2 = nn.LayerNorm(width, bias=bias)
+        self.fc = nn.Linear(width, 4 * width, bias=bias)
+        self.out = nn.Linear(4 * width, width, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        out: torch.Tensor = x + self.out(F.gelu(self.fc(self.norm2(x)), approximate=self.gelu))
+        return out
+
+
+class Baseline(nn.Module):
+    """The decoder; ``forward(idx, targets)`` returns the mean cross-entropy. ``gelu`` is
+    :func:`torch.nn.functional.gelu`'s ``approximate`` (default ``"none"``, nanoGPT's)."""
+
+    def __init__(
+        self,
+        *,
+        layers: int,
+        heads: int,
+        width: int,
+        seq_len: int,
+        vocab: int,
+        bias: bool,
+        gelu: str = "none",
+    ) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(seq_len, width)
+        self.layers = nn.ModuleList(Layer(width, heads, bias, gelu) for _ in range(layers))
+        self.norm = nn.LayerNorm(width, bias=bias)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.wte.weight = self.head.weight
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, p in self.named_parameters():
+            if name.endswith("out.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * layers))
+
+    def num_params(self) -> int:
+        """Unique parameters (the tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.size(1), device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+
+
+def cosine_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / (warmup + 1)
+    ratio = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak / 10 + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - peak / 10)
+
+
+def tokens_per_s(
+    tokens: np.ndarray,
+    *,
+    layers: int,
+    heads: int,
+    width: int,
+    seq_len: int,
+    vocab: int,
+    batch: int,
+    bias: bool,
+    gelu: str,
+    warmup_steps: int,
+    measured_steps: int,
+) -> float:
+    """Trains on random windows of ``tokens`` (CPU, fp32, eager) and returns the tokens/s of the
+    ``measured_steps`` after ``warmup_steps``."""
+    torch.manual_seed(1337)
+    model = Baseline(
+        layers=layers,
+        heads=heads,
+        width=width,
+        seq_len=seq_len,
+        vocab=vocab,
+        bias=bias,
+        gelu=gelu,
+    )
+    opt = optimizer(model, lr=1e-3, weight_decay=0.1)
+    total = warmup_steps + measured_steps
+
+    def batch_of_windows() -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(tokens) - seq_len, (batch,)).tolist()
+        x = torch.stack(
+            [torch.from_numpy(tokens[i : i + seq_len].astype(np.int64)) for i in starts]
+        )
+        y = torch.stack(
+            [torch.from_numpy(tokens[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in starts]
+        )
+        return x, y
+
+    x, y = batch_of_windows()
+    began = 0.0
+    for step in range(total):
+        if step == warmup_steps:
+            began = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, peak=1e-3, warmup=1, total=total)
+        loss = model(x, y)
+        x, y = batch_of_windows()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+    return measured_steps * batch * seq_len / (time.perf_counter() - began)
