@@ -116,9 +116,9 @@ class TrainiumNodeGroup(Construct):
     A Capacity Block group is never updated in place: EKS updates such a group only at desired
     size 0, and a rolling update needs instances the block does not have. Any change to its
     launch template (a new block, type or volume) gives the group a new name, so CloudFormation
-    creates a new group (EKS creates one at any size and launches its nodes as the block has
-    room) and then deletes the old one. On-demand and odcr groups update their nodes in place,
-    one at a time.
+    creates a new group and then deletes the old one. Inside one fully used block, scale to 0
+    first: the new group's nodes have no room until the old group's are gone. On-demand and odcr
+    groups update their nodes in place, one at a time.
 
     Attributes:
         spec: the catalog entry; launch_template; nodegroup; nodegroup_name (a plain string

@@ -39,7 +39,7 @@ def test_a_new_capacity_block_makes_a_new_node_group(
     synth_variant: Callable[[str], Synth], tmp_path: Path
 ) -> None:
     """EKS updates a Capacity Block group only at desired size 0; the next block gets a new
-    group instead, which EKS creates at any size and fills as the block has room."""
+    group instead, which launches its nodes when that block starts."""
     first = synth_variant("capacity-block")
     next_block = {**VARIANTS["capacity-block"], "capacity_reservation_id": "cr-0123456789abcdef9"}
     second = synthesize(next_block, tmp_path)

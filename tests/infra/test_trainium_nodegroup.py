@@ -275,8 +275,7 @@ def test_a_capacity_block_group_is_replaced_not_updated(
     base_names: dict[str, str], overrides: dict[str, Any]
 ) -> None:
     """EKS updates a Capacity Block group only at desired size 0, and a rolling update needs room
-    the block lacks: a new launch template makes a new group (created at any size; its nodes
-    launch as the old group's leave the block), never an update in place."""
+    the block lacks: a new launch template makes a new group, never an update in place."""
     assert name_of(**{**CAPACITY_BLOCK, **overrides}) != base_names["capacity-block"]
 
 
