@@ -262,12 +262,20 @@ class S3Store:
 
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
-        for file in (META, STATE):
-            self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, file))
+        self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, META))
+        self._delete_all(name)
+
+    def _delete_all(self, name: str) -> None:
+        """Every object of checkpoint ``name`` (``state.pt`` and carried model files)."""
+        for page in self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(name) + "/"
+        ):
+            for obj in page.get("Contents", []):
+                self.s3.delete_object(Bucket=self.bucket, Key=obj["Key"])
 
     def remove_stale(self) -> list[str]:
-        """Deletes ``state.pt`` objects without a ``meta.json`` (an upload killed midway); the
-        local staging directory went with the process."""
+        """Deletes the objects of checkpoints without a ``meta.json`` (an upload killed midway:
+        ``state.pt``, carried model files); the local staging directory went with the process."""
         files: dict[str, set[str]] = {}
         for page in self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self._key(_PREFIX)
@@ -275,9 +283,9 @@ class S3Store:
             for obj in page.get("Contents", []):
                 name, _, file = obj["Key"][len(self._key()) :].lstrip("/").partition("/")
                 files.setdefault(name, set()).add(file)
-        stale = sorted(name for name, held in files.items() if META not in held and STATE in held)
+        stale = sorted(name for name, held in files.items() if META not in held)
         for name in stale:
-            self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, STATE))
+            self._delete_all(name)
         return stale
 
 

@@ -26,6 +26,15 @@ def export_checkpoint(
     if not checkpoint_dir.startswith("s3://") and not Path(checkpoint_dir).is_dir():
         raise CheckpointError(f"checkpoint directory {checkpoint_dir} does not exist")
     checkpointer = Checkpointer(open_store(checkpoint_dir))
+    try:
+        return _export(checkpointer, checkpoint_dir, out, dtype, max_shard_bytes)
+    finally:
+        checkpointer.store.drop_local_copies()  # from S3: this process's downloads
+
+
+def _export(
+    checkpointer: Checkpointer, checkpoint_dir: str, out: str | Path, dtype: str, limit: int
+) -> list[str]:
     name = checkpointer.newest_valid()
     if name is None:
         raise CheckpointError(f"{checkpoint_dir} holds no valid checkpoint to export")
@@ -38,7 +47,7 @@ def export_checkpoint(
     with checkpointer.model_file(name, hf.CONFIG) as path:
         raw = json.loads(path.read_text())
     state = checkpointer.load(name, verify=False)["model"]
-    written = hf.save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    written = hf.save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=limit)
     for file in carried:
         if file != hf.CONFIG:
             with checkpointer.model_file(name, file) as path:
