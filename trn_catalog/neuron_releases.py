@@ -163,9 +163,10 @@ class ImagePython:
 
 
 # boto3 and safetensors are installed explicitly in both stages (S3 checkpoints import boto3,
-# Hugging Face weights safetensors); botocore comes with boto3. In the xla container, torch-xla comes with torch-neuronx (Neuron's install pages install
-# torch-neuronx alone and describe torch-xla as installed with it) and numpy with torch-xla (its
-# install_requires in pytorch/xla's setup.py).
+# Hugging Face weights safetensors); botocore comes with boto3. In the xla container, torch-xla
+# comes with torch-neuronx (Neuron's install pages install torch-neuronx alone and describe
+# torch-xla as installed with it) and numpy with torch-xla (its install_requires in pytorch/xla's
+# setup.py).
 IMAGE_PYTHON: Mapping[str, ImagePython] = MappingProxyType(
     {
         "native": ImagePython(

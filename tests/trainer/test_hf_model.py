@@ -27,6 +27,7 @@ CASES = {
     "qwen2-biases": ("qwen2", {}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3-qk-norm": ("qwen3", {"head_dim": 12}),
+    "qwen3-attention-bias": ("qwen3", {"head_dim": 12, "attention_bias": True}),
     "qwen3-tied-mha": (
         "qwen3",
         {"head_dim": 8, "num_key_value_heads": 4, "tie_word_embeddings": True},
@@ -82,9 +83,7 @@ def test_presets_keep_their_shapes_and_norm() -> None:
     assert big.norm.eps == 1e-5
 
 
-def test_loading_builds_on_meta_and_draws_no_random_init(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_loading_builds_on_meta_and_draws_no_random_init(tmp_path: Path) -> None:
     path = hf_tiny.model_dir(tmp_path)
     cfg = hf.model_config(path, seq_len=SEQ)
     before = torch.get_rng_state()
@@ -210,6 +209,23 @@ BAD = [
 def test_unsupported_config_fields_are_named(change: dict[str, Any], message: str) -> None:
     with pytest.raises(hf.HFConfigError, match=re.escape(message)):
         hf.parse_config({**BASE, **change}, seq_len=32, source="m/config.json")
+
+
+def test_bias_fields_count_only_where_transformers_reads_them() -> None:
+    """Qwen2's and Mistral's attention and all but Llama's MLP ignore these fields."""
+    qwen2 = hf.parse_config(
+        {**BASE, "architectures": ["Qwen2ForCausalLM"], "attention_bias": False, "mlp_bias": True},
+        seq_len=8,
+    )
+    assert (qwen2.qkv_bias, qwen2.out_bias) == (True, False)
+    mistral = hf.parse_config(
+        {**BASE, "architectures": ["MistralForCausalLM"], "attention_bias": True}, seq_len=8
+    )
+    assert (mistral.qkv_bias, mistral.out_bias) == (False, False)
+    qwen3 = hf.parse_config(
+        {**BASE, "architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, seq_len=8
+    )
+    assert (qwen3.qkv_bias, qwen3.out_bias) == (True, True)
 
 
 def test_inactive_sliding_windows_are_accepted() -> None:

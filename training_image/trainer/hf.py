@@ -110,6 +110,8 @@ DEFAULTS: Mapping[str, Mapping[str, Any]] = {
         "sliding_window": 4096,
     },
 }
+# The architectures whose modeling code reads attention_bias (Llama's also reads mlp_bias).
+BIAS_FIELDS = ("llama", "qwen3")
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' default_theta; none of the four overrides it
 ROPE_TYPES = ("default", "llama3")
 # Fields of mixture-of-experts configs: set (and not 0), the model is not one of the four.
@@ -241,7 +243,9 @@ def parse_config(
     eps = get("rms_norm_eps")
     if isinstance(eps, bool) or not isinstance(eps, int | float) or eps <= 0:
         raise HFConfigError(f"{source}: rms_norm_eps must be a positive number, got {eps!r}")
-    attention_bias = bool(get("attention_bias"))
+    # Only Llama and Qwen3 read attention_bias (all four projections); Qwen2 always has q, k
+    # and v biases and no output bias, Mistral none, whatever the file says.
+    attention_bias = arch in BIAS_FIELDS and bool(get("attention_bias"))
     return ModelConfig(
         n_layer=positive("num_hidden_layers"),
         n_head=heads,
@@ -256,8 +260,6 @@ def parse_config(
         d_head=head_dim,
         norm_eps=float(eps),
         rope_scaling=scaling,
-        # Qwen2's q, k and v projections always carry biases and its output projection never;
-        # Llama and Qwen3 put them on all four with attention_bias; Mistral on none.
         qkv_bias=arch == "qwen2" or attention_bias,
         out_bias=arch != "qwen2" and attention_bias,
         qk_norm=arch == "qwen3",
@@ -268,7 +270,7 @@ def _check_unsupported(raw: Mapping[str, Any], arch: str, get: Any, source: str 
     act = get("hidden_act")
     if act != "silu":
         raise HFConfigError(f"{source}: hidden_act {act!r} is not supported; allowed: 'silu'")
-    if get("mlp_bias"):
+    if arch == "llama" and get("mlp_bias"):
         raise HFConfigError(
             f"{source}: mlp_bias {get('mlp_bias')!r} is not supported; allowed: false"
         )
@@ -283,7 +285,11 @@ def _check_unsupported(raw: Mapping[str, Any], arch: str, get: Any, source: str 
             f"{source}: quantization_config is set: quantized weights are not supported; "
             "allowed: absent (full-precision weights)"
         )
-    if arch != "qwen2" and "attention_bias" in raw and not isinstance(raw["attention_bias"], bool):
+    if (
+        arch in BIAS_FIELDS
+        and "attention_bias" in raw
+        and not isinstance(raw["attention_bias"], bool)
+    ):
         raise HFConfigError(
             f"{source}: attention_bias must be true or false, got {raw['attention_bias']!r}"
         )
