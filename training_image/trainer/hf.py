@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +266,9 @@ def parse_config(
     )
 
 
-def _check_unsupported(raw: Mapping[str, Any], arch: str, get: Any, source: str | Path) -> None:
+def _check_unsupported(
+    raw: Mapping[str, Any], arch: str, get: Callable[[str], Any], source: str | Path
+) -> None:
     act = get("hidden_act")
     if act != "silu":
         raise HFConfigError(f"{source}: hidden_act {act!r} is not supported; allowed: 'silu'")
@@ -296,7 +298,7 @@ def _check_unsupported(raw: Mapping[str, Any], arch: str, get: Any, source: str 
 
 
 def _check_sliding_window(
-    arch: str, get: Any, seq_len: int, layers: int, source: str | Path
+    arch: str, get: Callable[[str], Any], seq_len: int, layers: int, source: str | Path
 ) -> None:
     """Refuses a sliding window that would mask positions within ``seq_len``: Mistral applies
     ``sliding_window`` to every layer; Qwen2 and Qwen3 only with ``use_sliding_window``, to the
