@@ -162,18 +162,27 @@ class ImagePython:
         return frozenset((*self.installed, *self.from_base, *self.transitive))
 
 
-# boto3 is installed explicitly in both stages (S3 checkpoints import it); botocore comes with
-# it. In the xla container, torch-xla comes with torch-neuronx (Neuron's install pages install
-# torch-neuronx alone and describe torch-xla as installed with it) and numpy with torch-xla (its
-# install_requires in pytorch/xla's setup.py).
+# boto3 and safetensors are installed explicitly in both stages (S3 checkpoints import boto3,
+# Hugging Face weights safetensors); botocore comes with boto3. In the xla container, torch-xla
+# comes with torch-neuronx (Neuron's install pages install torch-neuronx alone and describe
+# torch-xla as installed with it) and numpy with torch-xla (its install_requires in pytorch/xla's
+# setup.py).
 IMAGE_PYTHON: Mapping[str, ImagePython] = MappingProxyType(
     {
         "native": ImagePython(
-            installed=("torch", "torch-neuronx", "neuronx-cc", "nki", "numpy", "boto3"),
+            installed=(
+                "torch",
+                "torch-neuronx",
+                "neuronx-cc",
+                "nki",
+                "numpy",
+                "boto3",
+                "safetensors",
+            ),
             transitive=MappingProxyType({"botocore": "boto3"}),
         ),
         "xla": ImagePython(
-            installed=("boto3",),
+            installed=("boto3", "safetensors"),
             from_base=("torch", "torch-neuronx", "neuronx-cc"),
             transitive=MappingProxyType(
                 {"botocore": "boto3", "torch-xla": "torch-neuronx", "numpy": "torch-xla"}

@@ -206,9 +206,12 @@ def test_xla_stage_is_the_last_release_that_supports_pytorch_xla_training() -> N
 
 
 def test_pins_shared_with_the_repository_match_its_requirements() -> None:
-    """boto3 and numpy at the versions the trainer is tested with here; torch at the one the
-    release pairs TorchNeuron with, which is also the one tested here."""
-    assert STAGES["trainer"].pip_pins() == {"boto3": _requirement("requirements.txt", "boto3")}
+    """boto3, safetensors and numpy at the versions the trainer is tested with here; torch at the
+    one the release pairs TorchNeuron with, which is also the one tested here."""
+    assert STAGES["trainer"].pip_pins() == {
+        "boto3": _requirement("requirements.txt", "boto3"),
+        "safetensors": _requirement("requirements-dev.txt", "safetensors"),
+    }
     native = STAGES["stack-native"].pip_pins()
     assert native["numpy"] == _requirement("requirements.txt", "numpy")
     tested_torch = _requirement("requirements-dev.txt", "torch")
@@ -237,6 +240,7 @@ DISTRIBUTIONS = {
     "torch_neuronx": "torch-neuronx",
     "torch_xla": "torch-xla",
     "matplotlib": "matplotlib",
+    "safetensors": "safetensors",
 }
 # Modules imported only on some stacks (by that stack's device backend), and the one module the
 # image leaves out: `trn-train report` draws a metrics file where it was copied to, not on a

@@ -17,6 +17,10 @@ downloads, the others wait for it and read the same file), not once per rank.
 ``meta.json`` also records the run's configuration (:func:`run_config`: preset, seed, global
 batch, learning-rate schedule, data manifest); :func:`resume_newest` refuses to resume a run
 whose configuration differs, naming each field, rather than continue a different run silently.
+
+A checkpoint of a run that started from a Hugging Face model directory also carries that
+directory's ``config.json`` and tokenizer files under ``model/`` (``meta.json`` lists them), so
+that exporting it needs nothing but the checkpoint.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 STATE, META = "state.pt", "meta.json"
+MODEL_FILES = "model"  # the folder, in a checkpoint, of the model directory's carried files
 FORMAT = "trn-train-checkpoint-v1"
 _PREFIX = "step_"
 _STAGING = ".staging-"  # a save in progress, or one killed midway
@@ -214,7 +219,10 @@ class S3Store:
 
     def publish(self, staged: Path, name: str) -> None:
         try:
-            for file in (STATE, META):
+            files = sorted(
+                p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()
+            )
+            for file in [f for f in files if f != META] + [META]:
                 self.s3.upload_file(str(staged / file), self.bucket, self._key(name, file))
         finally:
             shutil.rmtree(staged, ignore_errors=True)
@@ -239,10 +247,10 @@ class S3Store:
             etag = self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"].strip('"')
             folder = self.node_cache / hashlib.sha256(f"{key}@{etag}".encode()).hexdigest()[:24]
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / file
+            path = folder / Path(file).name
             with _exclusive(folder / ".lock"):
                 if not path.is_file():
-                    partial = folder / f".{file}.partial"
+                    partial = folder / f".{path.name}.partial"
                     self.s3.download_file(self.bucket, key, str(partial))
                     os.replace(partial, path)
         except ClientError as e:
@@ -254,12 +262,20 @@ class S3Store:
 
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
-        for file in (META, STATE):
-            self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, file))
+        self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, META))
+        self._delete_all(name)
+
+    def _delete_all(self, name: str) -> None:
+        """Every object of checkpoint ``name`` (``state.pt`` and carried model files)."""
+        for page in self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(name) + "/"
+        ):
+            for obj in page.get("Contents", []):
+                self.s3.delete_object(Bucket=self.bucket, Key=obj["Key"])
 
     def remove_stale(self) -> list[str]:
-        """Deletes ``state.pt`` objects without a ``meta.json`` (an upload killed midway); the
-        local staging directory went with the process."""
+        """Deletes the objects of checkpoints without a ``meta.json`` (an upload killed midway:
+        ``state.pt``, carried model files); the local staging directory went with the process."""
         files: dict[str, set[str]] = {}
         for page in self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self._key(_PREFIX)
@@ -267,9 +283,9 @@ class S3Store:
             for obj in page.get("Contents", []):
                 name, _, file = obj["Key"][len(self._key()) :].lstrip("/").partition("/")
                 files.setdefault(name, set()).add(file)
-        stale = sorted(name for name, held in files.items() if META not in held and STATE in held)
+        stale = sorted(name for name, held in files.items() if META not in held)
         for name in stale:
-            self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, STATE))
+            self._delete_all(name)
         return stale
 
 
@@ -320,11 +336,14 @@ class Checkpointer:
     """Saves and restores training state through a :class:`Store`.
 
     Every rank calls :meth:`save` (sharded models gather there); only the main rank writes.
-    ``keep`` (default 3) newest checkpoints survive each save.
+    ``keep`` (default 3) newest checkpoints survive each save. ``model_files`` (default none):
+    files copied into each checkpoint's ``model/`` folder (a Hugging Face model's config and
+    tokenizer files).
     """
 
     store: Store
     keep: int = 3
+    model_files: tuple[Path, ...] = ()
 
     def save(
         self,
@@ -357,6 +376,11 @@ class Checkpointer:
         }
         if run is not None:
             meta["run"] = dict(run)
+        if self.model_files:
+            (staged / MODEL_FILES).mkdir()
+            for path in self.model_files:
+                shutil.copyfile(path, staged / MODEL_FILES / path.name)
+            meta["model_files"] = [path.name for path in self.model_files]
         with (staged / META).open("w") as f:
             json.dump(meta, f)
             f.flush()
@@ -383,6 +407,24 @@ class Checkpointer:
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
         return dict(run) if isinstance(run, dict) else None
+
+    def model_files_of(self, name: str) -> list[str]:
+        """The names of the model files checkpoint ``name`` carries (empty for a run that did not
+        start from a model directory).
+
+        Raises:
+            CheckpointError: ``meta.json`` is unreadable.
+        """
+        try:
+            files = json.loads(self.store.read(name, META)).get("model_files", [])
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        return [str(f) for f in files]
+
+    def model_file(self, name: str, file: str) -> AbstractContextManager[Path]:
+        """A local path of carried model file ``file`` of checkpoint ``name`` while the context
+        lasts (see :meth:`model_files_of`)."""
+        return self.store.local_file(name, f"{MODEL_FILES}/{file}")
 
     def verify(self, name: str) -> None:
         """Checks the format, size and CRC-32 of checkpoint ``name``, reading ``state.pt`` a
@@ -465,11 +507,15 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def run_config(cfg: TrainConfig, *, world_size: int, manifest_sha256: str) -> dict[str, object]:
+def run_config(
+    cfg: TrainConfig, *, world_size: int, manifest_sha256: str, model_id: str | None = None
+) -> dict[str, object]:
     """What a resumed run must share with the run that saved the checkpoint: the preset, the
     seed, the global batch (sequences per optimizer step, however ranks and accumulation split
-    it), the learning-rate schedule and the data (its manifest's SHA-256)."""
-    return {
+    it), the learning-rate schedule and the data (its manifest's SHA-256); for a run from a
+    model directory also the model (``model_id``, see :func:`trainer.hf.fingerprint`), and the
+    sequence length where it was chosen rather than the preset's."""
+    run: dict[str, object] = {
         "preset": cfg.preset,
         "seed": cfg.seed,
         "global_batch": cfg.batch_per_rank * world_size * cfg.grad_accum,
@@ -479,6 +525,11 @@ def run_config(cfg: TrainConfig, *, world_size: int, manifest_sha256: str) -> di
         "max_steps": cfg.max_steps,
         "data_manifest_sha256": manifest_sha256,
     }
+    if model_id is not None:
+        run["model"] = model_id
+    if model_id is not None or cfg.seq_len:
+        run["seq_len"] = cfg.model.seq_len
+    return run
 
 
 def check_resume(name: str, saved: Mapping[str, object] | None, run: Mapping[str, object]) -> None:
@@ -490,10 +541,12 @@ def check_resume(name: str, saved: Mapping[str, object] | None, run: Mapping[str
     """
     if saved is None:
         return
+    # Fields either side recorded: a run from a model directory records more than a preset run.
+    fields = list(run) + [field for field in saved if field not in run]
     changed = [
-        f"{field} {saved.get(field)!r} in the checkpoint, {value!r} now"
-        for field, value in run.items()
-        if saved.get(field) != value
+        f"{field} {saved.get(field)!r} in the checkpoint, {run.get(field)!r} now"
+        for field in fields
+        if saved.get(field) != run.get(field)
     ]
     if changed:
         raise RunConfigError(

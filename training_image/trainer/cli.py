@@ -1,4 +1,4 @@
-"""``trn-train``: prepare-data, run, compile and report.
+"""``trn-train``: prepare-data, run, compile, report, and for Hugging Face models score and export.
 
 ``compile`` fills the compile cache ahead of a run: the same job for a few steps, without
 checkpoints or metrics, after checking that the node's host memory holds the compilers. It runs
@@ -65,12 +65,54 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
     rep.add_argument("metrics")
     rep.add_argument("--out", required=True)
+    _add_hf_commands(sub)
     return p
+
+
+def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    score = sub.add_parser(
+        "score",
+        help="mean next-token cross-entropy (FP32, CPU) of a Hugging Face model on token ids",
+    )
+    score.add_argument("--model", required=True, help="Hugging Face model directory")
+    score.add_argument(
+        "--tokens", required=True, help="JSON file: a list of equal-length lists of token ids"
+    )
+    export = sub.add_parser(
+        "export", help="write the newest valid checkpoint of a --model run as a Hugging Face model"
+    )
+    export.add_argument("--checkpoint-dir", required=True, help="path or s3:// URI")
+    export.add_argument("--out", required=True, help="new or empty local directory")
+    export.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="of the written weights; auto = the model's config.json dtype (float32 if none)",
+    )
+    export.add_argument(
+        "--max-shard-bytes",
+        type=int,
+        default=5 << 30,
+        help="safetensors shard size limit (default 5 GiB)",
+    )
 
 
 def _add_training_args(run: argparse.ArgumentParser) -> None:
     d = TrainConfig()
-    run.add_argument("--preset", choices=list(PRESETS), default=d.preset)
+    run.add_argument("--preset", choices=list(PRESETS), help=f"default: {d.preset}")
+    run.add_argument(
+        "--model",
+        dest="model_dir",
+        default=d.model_dir,
+        help="Hugging Face model directory to fine-tune (config.json, safetensors, tokenizer); "
+        "replaces --preset",
+    )
+    run.add_argument(
+        "--seq-len",
+        type=int,
+        default=d.seq_len,
+        help="0 = the preset's, or with --model min(2048, max_position_embeddings)",
+    )
     run.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default=d.device)
     run.add_argument(
         "--compile",
@@ -131,11 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "compile":
         return _compile(args)
+    if args.command in ("score", "export"):
+        return _hf_command(args)
 
     from trainer.loop import train
 
-    options = {k: v for k, v in vars(args).items() if k != "command"}
-    result = train(TrainConfig(**options))
+    result = train(train_config(args))
     print(
         json.dumps(
             {
@@ -150,6 +193,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` of ``run``'s (or ``compile``'s) flags.
+
+    Raises:
+        ValueError: both --preset and --model were given.
+    """
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "compile_memory_gib")}
+    if options["preset"] is None:
+        options["preset"] = TrainConfig.preset
+    elif options["model_dir"]:
+        raise ValueError(
+            f"--preset {options['preset']} and --model {options['model_dir']} exclude each "
+            "other: the model directory's config.json gives the architecture"
+        )
+    return TrainConfig(**options)
+
+
+def _hf_command(args: argparse.Namespace) -> int:
+    """``score`` prints {"loss": L, "tokens": N} (see :func:`trainer.hf.score`); ``export``
+    prints the written directory's files."""
+    from trainer import hf, hf_export
+
+    if args.command == "score":
+        loss, tokens = hf.score(args.model, args.tokens)
+        print(json.dumps({"loss": loss, "tokens": tokens}))
+        return 0
+    written = hf_export.export_checkpoint(
+        args.checkpoint_dir, args.out, dtype=args.dtype, max_shard_bytes=args.max_shard_bytes
+    )
+    print(json.dumps({"out": args.out, "files": written}))
+    return 0
+
+
 def compile_config(args: argparse.Namespace) -> TrainConfig:
     """The run that ``trn-train compile`` makes of the run's flags: :data:`PRECOMPILE_STEPS`
     steps, no checkpoints (neither written nor resumed), no metrics, no progress bar.
@@ -157,9 +233,8 @@ def compile_config(args: argparse.Namespace) -> TrainConfig:
     Raises:
         ValueError: the flags do not make a valid run (see :meth:`TrainConfig.validate`).
     """
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "compile_memory_gib")}
     cfg = dataclasses.replace(
-        TrainConfig(**options),
+        train_config(args),
         max_steps=PRECOMPILE_STEPS,
         checkpoint_dir="",
         checkpoint_every=0,

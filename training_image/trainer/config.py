@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
 Parallel = Literal["ddp", "fsdp"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (Hugging Face ``rope_type`` "llama3"): wavelengths longer
+    than ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``,
+    those shorter than ``original_max_position_embeddings / high_freq_factor`` are kept, and the
+    ones between are blended."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -14,6 +29,11 @@ class ModelConfig:
 
     ``llama_style`` switches learned positions, LayerNorm and a GELU MLP (GPT-2) for RoPE,
     RMSNorm and SwiGLU (Llama); ``n_kv_head`` below ``n_head`` is grouped-query attention.
+    The fields after ``rope_theta`` describe Hugging Face models (see :mod:`trainer.hf`) and
+    default to the presets' choices: ``d_head`` 0 (``d_model // n_head``), ``norm_eps`` 1e-5,
+    no RoPE scaling, and in the Llama style no attention biases (``qkv_bias``: q, k and v;
+    ``out_bias``: the output projection) and no per-head RMSNorm of queries and keys
+    (``qk_norm``, Qwen3's). The GPT-2 style always has biases.
     """
 
     n_layer: int
@@ -26,6 +46,12 @@ class ModelConfig:
     llama_style: bool = False
     tie_embeddings: bool = True
     rope_theta: float = 500_000.0
+    d_head: int = 0  # 0: d_model // n_head
+    norm_eps: float = 1e-5
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: bool = False
 
     @property
     def ffn_width(self) -> int:
@@ -37,15 +63,24 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.d_head or self.d_model // self.n_head
 
     def __post_init__(self) -> None:
-        if self.d_model % self.n_head:
+        if not self.d_head and self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} must be divisible by n_head {self.n_head}")
         if self.n_head % self.kv_heads:
             raise ValueError(
                 f"n_head {self.n_head} must be a multiple of n_kv_head {self.kv_heads}"
             )
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    """What a run takes when its flags leave micro batch, parallelism or learning rate unset."""
+
+    micro_batch: int
+    parallel: Parallel
+    lr: float
 
 
 @dataclass(frozen=True)
@@ -91,6 +126,14 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# Fine-tuning a Hugging Face model (``--model``): one sequence per rank, a full fine-tuning
+# learning rate (our choice, the order of magnitude published full fine-tunes of Llama-family
+# models use) and FSDP, which shards a model of any size (one rank trains it unwrapped).
+MODEL_DEFAULTS = RunDefaults(micro_batch=1, parallel="fsdp", lr=2e-5)
+# The sequence length of a --model run without --seq-len, capped at max_position_embeddings.
+MODEL_SEQ_LEN = 2048
+
+
 def preset(name: str) -> Preset:
     """The preset called ``name``.
 
@@ -113,9 +156,17 @@ class TrainConfig:
     warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
     (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
     shards checked by header and size (``verify_data``: also every shard's SHA-256).
+
+    ``model_dir`` (a Hugging Face model directory) replaces the preset: the architecture comes
+    from its ``config.json`` and the first weights from its safetensors; micro batch, learning
+    rate and parallelism then default to :data:`MODEL_DEFAULTS`. ``seq_len`` 0 keeps the
+    preset's, or with ``model_dir`` takes :data:`MODEL_SEQ_LEN` capped at the model's
+    ``max_position_embeddings``.
     """
 
     preset: str = "tiny"
+    model_dir: str = ""
+    seq_len: int = 0
     data: str = ""
     max_steps: int = 100
     device: str = "auto"
@@ -141,17 +192,32 @@ class TrainConfig:
     peak_flops: float = 0.0
     verify_data: bool = False
 
-    @property
+    @functools.cached_property
     def model(self) -> ModelConfig:
-        return preset(self.preset).model
+        """The preset's model, or the one ``model_dir``'s ``config.json`` describes.
+
+        Raises:
+            trainer.hf.HFConfigError: ``config.json`` is missing, unreadable or describes a
+                model this trainer does not implement.
+        """
+        if self.model_dir:
+            from trainer import hf
+
+            return hf.model_config(self.model_dir, seq_len=self.seq_len or None)
+        model = preset(self.preset).model
+        return dataclasses.replace(model, seq_len=self.seq_len) if self.seq_len else model
+
+    @property
+    def _defaults(self) -> RunDefaults | Preset:
+        return MODEL_DEFAULTS if self.model_dir else preset(self.preset)
 
     @property
     def batch_per_rank(self) -> int:
-        return self.micro_batch or preset(self.preset).micro_batch
+        return self.micro_batch or self._defaults.micro_batch
 
     @property
     def peak_lr(self) -> float:
-        return self.lr or preset(self.preset).lr
+        return self.lr or self._defaults.lr
 
     @property
     def warmup(self) -> int:
@@ -159,7 +225,7 @@ class TrainConfig:
 
     @property
     def parallelism(self) -> Parallel:
-        return self.parallel or preset(self.preset).parallel
+        return self.parallel or self._defaults.parallel
 
     def validate(self) -> None:
         """Checks the values that the loop cannot recover from.
@@ -168,6 +234,9 @@ class TrainConfig:
             ValueError: naming the field, its value and what is allowed.
         """
         preset(self.preset)
+        if self.seq_len < 0:
+            raise ValueError(f"seq_len must be >= 0 (0: the default), got {self.seq_len}")
+        _ = self.model  # a bad config.json or seq_len fails here, before any work
         if not self.data:
             raise ValueError("data must name a directory made by `trn-train prepare-data`")
         for name in ("max_steps", "grad_accum", "log_every", "keep_checkpoints"):

@@ -16,7 +16,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from trainer import device, optim, parallel
+from trainer import device, hf, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import Dataset, ShardError, WindowSampler, open_dataset
@@ -93,6 +93,10 @@ def open_dataset_per_node(
     return dataset if dataset is not None else open_dataset(root, verify=False)
 
 
+def _model_label(cfg: TrainConfig) -> str:
+    return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
+
+
 def _num_params(cfg: TrainConfig) -> int:
     """The preset's parameter count, from a model on the meta device (no memory, no init)."""
     with torch.device("meta"):
@@ -100,7 +104,8 @@ def _num_params(cfg: TrainConfig) -> int:
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Trains ``cfg.preset`` until ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
+    """Trains ``cfg.preset``, or ``cfg.model_dir``'s model from its weights, until
+    ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
@@ -109,7 +114,9 @@ def train(cfg: TrainConfig) -> TrainResult:
             cannot train (see :meth:`trainer.device.Backend.check_plan`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
         trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
-            seed, global batch, schedule or dataset.
+            model, sequence length, seed, global batch, schedule or dataset.
+        trainer.hf.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
+            this trainer does not implement, or weights that do not match its config.
     """
     cfg.validate()
     ranks = parallel.ranks_from_env()
@@ -117,7 +124,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     backend.check_instance(cfg.instance_type)
     backend.check_plan(
         strategy=cfg.parallelism,
-        preset=cfg.preset,
+        preset=cfg.model_dir or cfg.preset,
         num_params=_num_params(cfg),
         instance_type=cfg.instance_type,
     )
@@ -128,8 +135,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
     if dataset.vocab_size > cfg.model.vocab_size:
         raise ValueError(
-            f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds preset "
-            f"{cfg.preset!r} vocabulary {cfg.model.vocab_size}"
+            f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds "
+            f"{_model_label(cfg)} vocabulary {cfg.model.vocab_size}"
         )
     sampler = WindowSampler(
         dataset,
@@ -142,17 +149,26 @@ def train(cfg: TrainConfig) -> TrainResult:
     )
 
     torch.manual_seed(cfg.seed)
-    gpt = GPT(cfg.model)
+    gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
     flops_per_token = gpt.flops_per_token()
     model, forward = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend)
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
 
     checkpointer = (
-        Checkpointer(open_store(cfg.checkpoint_dir), cfg.keep_checkpoints)
+        Checkpointer(
+            open_store(cfg.checkpoint_dir),
+            cfg.keep_checkpoints,
+            hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
+        )
         if cfg.checkpoint_dir
         else None
     )
-    run = run_config(cfg, world_size=ranks.world_size, manifest_sha256=dataset.manifest_sha256)
+    run = run_config(
+        cfg,
+        world_size=ranks.world_size,
+        manifest_sha256=dataset.manifest_sha256,
+        model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
+    )
     start = 0
     if checkpointer is not None:
         start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import ModelConfig
+from trainer.config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -29,8 +29,24 @@ class RMSNorm(nn.Module):
 def _rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     half = cfg.head_dim // 2
     freqs = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float32) / half))
+    if cfg.rope_scaling is not None:
+        freqs = _llama3_scaled(freqs, cfg.rope_scaling)
     angles = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), freqs)
     return angles.cos(), angles.sin()
+
+
+def _llama3_scaled(freqs: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3's frequency scaling (see :class:`trainer.config.RopeScaling`), as transformers'
+    ``_compute_llama3_parameters`` applies it."""
+    context = s.original_max_position_embeddings
+    wavelength = 2 * math.pi / freqs
+    stretched = torch.where(wavelength > context / s.low_freq_factor, freqs / s.factor, freqs)
+    blend = (context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - blend) * stretched / s.factor + blend * stretched
+    between = (wavelength >= context / s.high_freq_factor) & (
+        wavelength <= context / s.low_freq_factor
+    )
+    return torch.where(between, blended, stretched)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -45,9 +61,14 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        bias = not cfg.llama_style
-        self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias)
+        gpt2 = not cfg.llama_style
+        self.qkv = nn.Linear(
+            cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=gpt2 or cfg.qkv_bias
+        )
+        self.proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=gpt2 or cfg.out_bias)
+        # Qwen3: RMSNorm over each head's queries and keys, before RoPE.
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
@@ -57,8 +78,11 @@ class Attention(nn.Module):
             [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim],
             dim=-1,
         )
-        q = q.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = q.view(b, t, self.n_head, self.head_dim)
+        k = k.view(b, t, self.n_kv, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
@@ -92,7 +116,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         norm = RMSNorm if cfg.llama_style else nn.LayerNorm
-        self.norm1, self.norm2 = norm(cfg.d_model), norm(cfg.d_model)
+        self.norm1, self.norm2 = norm(cfg.d_model, cfg.norm_eps), norm(cfg.d_model, cfg.norm_eps)
         self.attn, self.mlp = Attention(cfg), MLP(cfg)
 
     def forward(
@@ -112,18 +136,25 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = None if cfg.llama_style else nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.d_model) if cfg.llama_style else nn.LayerNorm(cfg.d_model)
+        norm = RMSNorm if cfg.llama_style else nn.LayerNorm
+        self.norm = norm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.llama_style:
-            cos, sin = _rope_tables(cfg)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_rope()
         self.tie_weights()
         self.apply(self._init)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat.
         for name, p in self.named_parameters():
             if name.endswith(("proj.weight", "down.weight")):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+    def init_rope(self) -> None:
+        """(Re)computes the RoPE tables (non-persistent FP32 buffers; none in the GPT-2 style) on
+        the default device: after building on the meta device and loading weights, which leaves
+        them unset."""
+        if self.cfg.llama_style:
+            cos, sin = _rope_tables(self.cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def tie_weights(self) -> None:
         """Shares the embedding with the output head; call again after a move that unties them
@@ -138,7 +169,8 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq_len, vocab_size)`` next-token logits for int64 ``(batch, seq_len)``."""
         x = self.tok(idx)
         rope = None
         if self.pos is not None:
@@ -147,7 +179,13 @@ class GPT(nn.Module):
             rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks:
             x = block(x, rope)
-        logits = self.head(self.norm(x))
+        out: torch.Tensor = self.head(self.norm(x))
+        return out
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of :meth:`logits` against ``targets``, in FP32; targets of
+        -100 (cross_entropy's default ``ignore_index``) are left out."""
+        logits = self.logits(idx)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
     def num_params(self) -> int:

@@ -1,0 +1,100 @@
+"""Tiny random Hugging Face models for the tests, built locally with transformers' own config and
+model classes (nothing from the hub), saved with ``save_pretrained`` and a small tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Before transformers and huggingface_hub read it: a test never reaches the hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+CLASSES: dict[str, tuple[Any, Any]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+SHAPE = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+# Llama 3.1's RoPE scaling, with a pre-training context short enough that at head_dim 8 the
+# four frequencies fall in all three bands (kept, blended, stretched).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {{ eos_token }} {% endfor %}"
+)
+
+
+def build(arch: str, seed: int = 0, **overrides: Any) -> PreTrainedModel:
+    """A transformers model of ``arch`` in FP32 with the tiny shape (``overrides`` on top),
+    its weights drawn and then shifted by noise so that norms and biases are not all 1 or 0."""
+    config_class, model_class = CLASSES[arch]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**{**SHAPE, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def save(model: PreTrainedModel, out: Path, **kwargs: Any) -> Path:
+    """``model`` saved to ``out`` (``kwargs`` to save_pretrained) with a word-level tokenizer over
+    the model's vocabulary ("w0" ... ) and a chat template."""
+    model.save_pretrained(out, **kwargs)
+    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "w1",
+                "unk_token": "w0",
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
+    return out
+
+
+def model_dir(tmp_path: Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+    """A saved tiny model of ``arch`` in a new folder of ``tmp_path``."""
+    out = tmp_path / f"{arch}-{seed}-{len(list(tmp_path.iterdir()))}"
+    return save(build(arch, seed, **overrides), out)
+
+
+def hf_loss(model: PreTrainedModel, tokens: torch.Tensor) -> float:
+    """transformers' own loss with ``labels=input_ids``."""
+    with torch.no_grad():
+        return float(model(input_ids=tokens, labels=tokens).loss)
