@@ -38,8 +38,10 @@ from trnctl import (
     environment,
     jobs,
     kube,
+    models,
     preflight,
     previews,
+    transfer,
     validation,
 )
 from trnctl.errors import ExitCode, TrnctlError, from_aws
@@ -279,10 +281,10 @@ def data_stage(
 
     if env is not None:
         outputs = environment.lookup(env, aws.client("ssm", _region(region)))
-        location = data.S3Prefix.parse(f"s3://{outputs.datasets_bucket}/{dest.lstrip('/')}")
+        location = transfer.S3Prefix.parse(f"s3://{outputs.datasets_bucket}/{dest.lstrip('/')}")
         region = outputs.region
     else:
-        location = data.S3Prefix.parse(dest)
+        location = transfer.S3Prefix.parse(dest)
     files = data.source_files(source)
     s3 = aws.client("s3", _region(region))
     with tempfile.TemporaryDirectory(prefix="trnctl-stage-") as scratch:
@@ -290,26 +292,7 @@ def data_stage(
         manifest = data.build_shards(source, workdir, shard_tokens=shard_tokens)
         items = data.uploads(workdir, manifest, location)
         digest = data.manifest_sha256(workdir)
-        todo = data.pending(s3, items, location)
-        progress_console = Console(stderr=True)
-        with Progress(
-            TextColumn("uploading"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=progress_console,
-            # Off when stderr is not a terminal: logs get the summary line, not bar frames.
-            disable=not progress_console.is_terminal,
-        ) as progress:
-            task = progress.add_task("upload", total=sum(item.size for item in todo))
-            data.upload_all(
-                s3,
-                todo,
-                location,
-                part_mib=part_size_mib,
-                on_bytes=lambda sent: progress.advance(task, sent),
-            )
+        todo = _upload(s3, items, location, part_size_mib)
     tokens = sum(int(s["tokens"]) for s in manifest["shards"])
     _console().print(
         f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {len(files)} files) at "
@@ -317,6 +300,34 @@ def data_stage(
         f"already intact; manifest sha256 {digest}",
         soft_wrap=True,
     )
+
+
+def _upload(
+    s3: Any, items: list[transfer.Upload], location: transfer.S3Prefix, part_mib: int
+) -> list[transfer.Upload]:
+    """Uploads the items ``location`` does not hold intact, with a progress bar on a terminal;
+    returns those it uploaded."""
+    todo = transfer.pending(s3, items, location)
+    progress_console = Console(stderr=True)
+    with Progress(
+        TextColumn("uploading"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=progress_console,
+        # Off when stderr is not a terminal: logs get the summary line, not bar frames.
+        disable=not progress_console.is_terminal,
+    ) as progress:
+        task = progress.add_task("upload", total=sum(item.size for item in todo))
+        transfer.upload_all(
+            s3,
+            todo,
+            location,
+            part_mib=part_mib,
+            on_bytes=lambda sent: progress.advance(task, sent),
+        )
+    return todo
 
 
 preview_app = typer.Typer(
@@ -437,6 +448,47 @@ def _spec(outputs: EnvironmentOutputs) -> trn_catalog.InstanceSpec:
         ) from None
 
 
+model_app = typer.Typer(
+    help="Stage Hugging Face models in the environment's datasets bucket.", no_args_is_help=True
+)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("stage")
+def model_stage(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A Hugging Face model directory: config.json, safetensors weights, tokenizer."
+        ),
+    ],
+    name: Annotated[
+        str, typer.Argument(help="The model's name: jobs take it as --model models/NAME.")
+    ],
+    env: EnvOption,
+    part_size_mib: Annotated[
+        int, typer.Option("--part-size-mib", min=5, help="Multipart part size in MiB.")
+    ] = 8,
+    region: RegionOption = None,
+) -> None:
+    """Check a model directory and upload it to models/NAME/ in the datasets bucket (mounted at
+    /datasets in jobs); a rerun skips files already uploaded intact."""
+    models.validate_name(name)
+    model = models.inspect(source)
+    outputs = _outputs(env, region)
+    location = models.prefix(outputs.datasets_bucket, name)
+    items = models.uploads(model, location)
+    todo = _upload(aws.client("s3", outputs.region), items, location, part_size_mib)
+    skipped = f"; left out {', '.join(model.skipped)}" if model.skipped else ""
+    _console().print(
+        f"staged {model.architecture} {name} ({len(items)} files, "
+        f"{sum(item.size for item in items):,} bytes) at {location}: uploaded {len(todo)}, "
+        f"skipped {len(items) - len(todo)} already intact{skipped}; submit with: trnctl job "
+        f"submit --env {env} --model models/{name} --data ...",
+        soft_wrap=True,
+    )
+
+
 job_app = typer.Typer(
     help="Training jobs (Kubeflow Trainer TrainJobs on the neuron-torch runtime).",
     no_args_is_help=True,
@@ -447,7 +499,6 @@ app.add_typer(job_app, name="job")
 @job_app.command("submit")
 def job_submit(
     env: EnvOption,
-    preset: Annotated[str, typer.Option("--preset", help="Model preset of trn-train run.")],
     data: Annotated[
         str,
         typer.Option(
@@ -456,6 +507,23 @@ def job_submit(
             "takes it; mounted at /datasets), or an absolute path in the pod.",
         ),
     ],
+    preset: Annotated[
+        str | None, typer.Option("--preset", help="Model preset of trn-train run.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="models/NAME: a Hugging Face model staged with `trnctl model stage` "
+            "(instead of --preset); read at /datasets/models/NAME.",
+        ),
+    ] = None,
+    lora_rank: Annotated[
+        int | None, typer.Option("--lora-rank", help="LoRA adapters of this rank (>= 1).")
+    ] = None,
+    lora_alpha: Annotated[
+        float | None, typer.Option("--lora-alpha", help="LoRA scaling alpha (> 0).")
+    ] = None,
     nodes: Annotated[
         int | None,
         typer.Option("--nodes", min=1, help="trn nodes; default: the environment's node count."),
@@ -477,13 +545,25 @@ def job_submit(
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
-    """Submit a training job: one pod per trn node with all its Neuron devices and EFA
-    interfaces; checkpoints and metrics go to /fsx under the job's name."""
+    """Submit a training job from a preset or a staged model: one pod per trn node with all its
+    Neuron devices and EFA interfaces; checkpoints and metrics go to /fsx under the job's name."""
     # trainer.config imports only the standard library: the presets without torch.
     from trainer.config import PRESETS
 
-    if preset not in PRESETS:
+    if preset is not None and preset not in PRESETS:
         raise TrnctlError(f"--preset {preset!r} is unknown; known: {', '.join(PRESETS)}")
+    model_name = models.name_of(model) if model is not None else None
+    args = jobs.TrainingArgs(
+        preset,
+        data,
+        max_steps,
+        checkpoint_every,
+        log_every,
+        seed,
+        model=model_name,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+    )
     outputs = _outputs(env, region)
     spec = _spec(outputs)
     count = outputs.trn_nodes if nodes is None else nodes
@@ -492,15 +572,19 @@ def job_submit(
             f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of {env}; the pods "
             "would wait for capacity forever (scale the node group first)"
         )
-    job_name = name or jobs.generated_name("train", preset, datetime.now(UTC))
-    args = jobs.TrainingArgs(preset, data, max_steps, checkpoint_every, log_every, seed)
+    if model_name is not None:
+        s3 = aws.client("s3", outputs.region)
+        models.require_staged(s3, outputs.datasets_bucket, model_name, env)
+    start = preset or model_name or ""
+    job_name = name or jobs.generated_name("train", start, datetime.now(UTC))
+    label = jobs.PRESET_LABEL if preset is not None else jobs.MODEL_LABEL
     job = jobs.render(
         name=jobs.validate_name(job_name),
         outputs=outputs,
         nodes=count,
         args=args.argv(job_name),
         image=image,
-        labels={jobs.PRESET_LABEL: preset},
+        labels={label: start},
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
     )
     if dry_run:
@@ -515,10 +599,94 @@ def job_submit(
             ExitCode.FAILED,
         )
     cluster.create(job)
+    what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
     _console().print(
-        f"submitted TrainJob {job_name}: {count} x {spec.name}, preset {preset}, in "
+        f"submitted TrainJob {job_name}: {count} x {spec.name}, {what}, in "
         f"{outputs.namespace} on {outputs.cluster_name}; follow it with: trnctl job logs "
         f"{job_name} --env {env} --follow",
+        soft_wrap=True,
+    )
+
+
+def _wait(
+    cluster: kube.Cluster, job_name: str, what: str, env: str, timeout: float, poll: float
+) -> str:
+    """Polls the TrainJob until it ends; its outcome (``Complete`` or ``Failed``).
+
+    Raises:
+        TrnctlError: FAILED when it has not ended within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    state = jobs.outcome(cluster.get(job_name))
+    while state is None:
+        if time.monotonic() >= deadline:
+            phases = ", ".join(sorted({p.phase for p in jobs.node_pods(cluster.pods(job_name))}))
+            raise TrnctlError(
+                f"{what} {job_name} did not finish within {timeout:g} s (pods: "
+                f"{phases or 'none'}); see trnctl job status {job_name} --env {env}",
+                ExitCode.FAILED,
+            )
+        time.sleep(poll)
+        state = jobs.outcome(cluster.get(job_name))
+    return state
+
+
+@job_app.command("export")
+def job_export(
+    name: Annotated[str, typer.Argument(help="The TrainJob (a --model run) to export.")],
+    env: EnvOption,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="Wait for the export to finish.")
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the export.")
+    ] = 1800,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Seconds between polls.")] = 10,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="Training image URI; default: the training job's."),
+    ] = None,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Write the newest valid checkpoint of a --model job as a Hugging Face model directory
+    beside its checkpoints (a one-node TrainJob running trn-train export); print where it is."""
+    jobs.validate_name(name)
+    outputs = _outputs(env, region)
+    export = jobs.export_name(name, datetime.now(UTC))
+    if dry_run:
+        job = jobs.render_export(job_name=name, export=export, outputs=outputs, image=image)
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = _cluster(outputs)
+    source = cluster.get(name)
+    labels = source.get("metadata", {}).get("labels") or {}
+    if jobs.MODEL_LABEL not in labels:
+        raise TrnctlError(
+            f"TrainJob {name!r} was not submitted with --model (it has no {jobs.MODEL_LABEL} "
+            "label): only runs from a Hugging Face model have a Hugging Face directory to export"
+        )
+    image = image or source.get("spec", {}).get("trainer", {}).get("image")
+    cluster.create(jobs.render_export(job_name=name, export=export, outputs=outputs, image=image))
+    where = jobs.export_dir(name, export)
+    bucket = f"s3://{outputs.checkpoints_bucket}/{name}/export/{export}/"
+    if not wait:
+        _console().print(
+            f"submitted export TrainJob {export}: it writes {where} (in pods; FSx exports it to "
+            f"{bucket}); follow it with: trnctl job logs {export} --env {env} --follow",
+            soft_wrap=True,
+        )
+        return
+    typer.echo(f"submitted export TrainJob {export}", err=True)
+    state = _wait(cluster, export, "export job", env, timeout, poll)
+    if state != "Complete":
+        raise TrnctlError(
+            f"export job {export} ended {state}; see trnctl job logs {export} --env {env}",
+            ExitCode.FAILED,
+        )
+    _console().print(
+        f"exported the newest checkpoint of {name} as a Hugging Face model: {where} (in pods), "
+        f"{bucket} (FSx exports it to the checkpoints bucket)",
         soft_wrap=True,
     )
 
@@ -612,18 +780,7 @@ def validate_command(
     cluster = _cluster(outputs)
     cluster.create(job)
     typer.echo(f"submitted validation job {job_name} on {outputs.trn_nodes} nodes", err=True)
-    deadline = time.monotonic() + timeout
-    state = jobs.outcome(cluster.get(job_name))
-    while state is None:
-        if time.monotonic() >= deadline:
-            phases = ", ".join(sorted({p.phase for p in jobs.node_pods(cluster.pods(job_name))}))
-            raise TrnctlError(
-                f"validation job {job_name} did not finish within {timeout:g} s (pods: "
-                f"{phases or 'none'}); see trnctl job status {job_name} --env {env}",
-                ExitCode.FAILED,
-            )
-        time.sleep(poll)
-        state = jobs.outcome(cluster.get(job_name))
+    state = _wait(cluster, job_name, "validation job", env, timeout, poll)
     results = [
         validation.judge(p.index, p.name, cluster.log(p.name), spec)
         for p in jobs.node_pods(cluster.pods(job_name))

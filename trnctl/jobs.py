@@ -11,6 +11,7 @@ CPU request).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from trn_catalog import crds
 from trn_catalog import workspace as ws
 from trn_catalog.instances import InstanceSpec
 from trn_catalog.outputs import EnvironmentOutputs
+from trnctl import models
 from trnctl.errors import ExitCode, TrnctlError
 
 KIND = "TrainJob"
@@ -38,6 +40,7 @@ REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PRESET_LABEL = "trn-platform/preset"
+MODEL_LABEL = "trn-platform/model"
 # The image's entrypoint runs `trn-train compile` (the job's flags, a few steps, into the shared
 # compile cache) before the run when this is "1" (trainer.launch).
 PRECOMPILE_ENV = "TRN_PRECOMPILE"
@@ -70,37 +73,69 @@ def validate_name(name: str) -> str:
     return name
 
 
-def generated_name(prefix: str, preset: str, now: datetime) -> str:
-    """``<prefix>-<preset>-<UTC yyyymmdd-hhmmss>``, e.g. ``train-125m-20261201-120000``; the
-    prefix keeps presets that start with a digit valid."""
-    slug = re.sub(r"[^a-z0-9]+", "-", preset.lower()).strip("-")
-    parts = [p for p in (prefix, slug, f"{now:%Y%m%d-%H%M%S}") if p]
-    return validate_name("-".join(parts)[:MAX_NAME].rstrip("-"))
+def generated_name(prefix: str, start: str, now: datetime) -> str:
+    """``<prefix>-<start>-<UTC yyyymmdd-hhmmss>``, e.g. ``train-125m-20261201-120000``, where
+    ``start`` (a preset or model name) is slugged and shortened so that the timestamp always fits;
+    the prefix keeps presets that start with a digit valid."""
+    stamp = f"{now:%Y%m%d-%H%M%S}"
+    room = MAX_NAME - len(stamp) - (len(prefix) + 1 if prefix else 0) - 1
+    slug = re.sub(r"[^a-z0-9]+", "-", start.lower()).strip("-")[:room].strip("-")
+    parts = [p for p in (prefix, slug, stamp) if p]
+    return validate_name("-".join(parts))
 
 
 @dataclass(frozen=True)
 class TrainingArgs:
-    """What ``trn-train run`` gets inside the job (see ``trainer.cli``)."""
+    """What ``trn-train run`` gets inside the job (see ``trainer.cli``): a ``preset`` or a staged
+    ``model`` (its NAME; exactly one), LoRA only with a model.
 
-    preset: str
+    Raises:
+        TrnctlError: USAGE, on construction, for a combination ``trn-train run`` would refuse or
+            a LoRA rank below 1 or alpha not above 0.
+    """
+
+    preset: str | None
     data: str
     max_steps: int | None = None
     checkpoint_every: int | None = None
     log_every: int | None = None
     seed: int | None = None
+    model: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.preset is None) == (self.model is None):
+            raise TrnctlError("pass exactly one of --preset and --model")
+        if self.lora_rank is None and self.lora_alpha is not None:
+            raise TrnctlError("--lora-alpha needs --lora-rank")
+        if self.lora_rank is not None:
+            if self.model is None:
+                raise TrnctlError("--lora-rank needs --model (LoRA fine-tunes a staged model)")
+            if self.lora_rank < 1:
+                raise TrnctlError(f"--lora-rank {self.lora_rank} is not allowed; use 1 or more")
+        if self.lora_alpha is not None and not (0 < self.lora_alpha < math.inf):
+            raise TrnctlError(
+                f"--lora-alpha {self.lora_alpha:g} is not allowed; use a number above 0"
+            )
 
     def argv(self, job_name: str) -> list[str]:
         """The entrypoint's arguments: data under the datasets mount unless ``data`` is an
-        absolute path, checkpoints and metrics on FSx under the job's name, so that a resubmitted
-        job with the same name resumes from its newest checkpoint."""
+        absolute path, a model under the datasets mount too (:func:`trnctl.models.pod_path`),
+        checkpoints and metrics on FSx under the job's name, so that a resubmitted job with the
+        same name resumes from its newest checkpoint."""
         data = self.data if self.data.startswith("/") else f"{ws.DATASETS_MOUNT}/{self.data}"
+        start = (
+            ["--preset", self.preset]
+            if self.preset is not None
+            else ["--model", models.pod_path(str(self.model))]
+        )
         argv = [
-            "--preset",
-            self.preset,
+            *start,
             "--data",
             data.rstrip("/") or "/",
             "--checkpoint-dir",
-            f"{ws.FSX_MOUNT}/checkpoints/{job_name}",
+            checkpoint_dir(job_name),
             "--metrics",
             f"{ws.FSX_MOUNT}/runs/{job_name}/metrics.jsonl",
         ]
@@ -109,10 +144,62 @@ class TrainingArgs:
             ("--checkpoint-every", self.checkpoint_every),
             ("--log-every", self.log_every),
             ("--seed", self.seed),
+            ("--lora-rank", self.lora_rank),
         ):
             if value is not None:
                 argv += [flag, str(value)]
+        if self.lora_alpha is not None:
+            alpha = self.lora_alpha
+            argv += ["--lora-alpha", str(int(alpha)) if alpha.is_integer() else repr(alpha)]
         return argv
+
+
+def checkpoint_dir(job_name: str) -> str:
+    """Where the TrainJob ``job_name`` keeps its checkpoints, on FSx (exported to the
+    checkpoints bucket under ``<job_name>/``)."""
+    return f"{ws.FSX_MOUNT}/checkpoints/{job_name}"
+
+
+# The export runs the trainer's CLI itself (``trn-train`` is ``python3 -m trainer`` in the image)
+# in one pod, instead of the image's entrypoint, which would start torchrun for a training run.
+EXPORT_COMMAND = ("python3", "-m", "trainer", "export")
+SOURCE_JOB_LABEL = "trn-platform/source-job"
+_EXPORT_SUFFIX = "-export-mmddhhmmss"
+
+
+def export_name(job_name: str, now: datetime) -> str:
+    """``<job name>-export-<UTC mmddhhmmss>``, the job name shortened to fit :data:`MAX_NAME`:
+    each export gets its own TrainJob and its own output directory."""
+    head = job_name[: MAX_NAME - len(_EXPORT_SUFFIX)].rstrip("-")
+    return validate_name(f"{head}-export-{now:%m%d%H%M%S}")
+
+
+def export_dir(job_name: str, export: str) -> str:
+    """Where the export ``export`` of ``job_name`` writes: beside the job's checkpoints (the
+    trainer's checkpoints are its ``step_*`` directories, so this one is not taken for one)."""
+    return f"{checkpoint_dir(job_name)}/export/{export}"
+
+
+def render_export(
+    *, job_name: str, export: str, outputs: EnvironmentOutputs, image: str | None = None
+) -> dict[str, Any]:
+    """The TrainJob that writes the newest valid checkpoint of ``job_name`` as a Hugging Face
+    model directory at :func:`export_dir`: one node of the ``neuron-torch`` runtime, whose pod
+    already mounts FSx and runs on the trn nodes that reach it, running ``trn-train export``.
+
+    Raises:
+        TrnctlError: as :func:`render`.
+    """
+    args = ["--checkpoint-dir", checkpoint_dir(job_name), "--out", export_dir(job_name, export)]
+    return render(
+        name=export,
+        outputs=outputs,
+        nodes=1,
+        args=args,
+        image=image,
+        command=EXPORT_COMMAND,
+        labels={PURPOSE_LABEL: "export", SOURCE_JOB_LABEL: validate_name(job_name)},
+    )
 
 
 def render(

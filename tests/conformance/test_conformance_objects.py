@@ -23,7 +23,8 @@ NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def trnctl_objects(synth: Synth) -> list[Applied]:
-    """The TrainJobs `trnctl job submit` and `trnctl validate` create in this environment."""
+    """The TrainJobs `trnctl job submit` (from a preset; from a staged model with LoRA),
+    `trnctl job export` and `trnctl validate` create in this environment."""
     workspace = synth.platform.workloads.workspace.props
     outputs = EnvironmentOutputs(
         environment="trn-dev",
@@ -51,8 +52,23 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         args=jobs.TrainingArgs("125m", "corpus", max_steps=100, seed=1).argv(name),
         labels={jobs.PRESET_LABEL: "125m"},
     )
+    model_name = jobs.generated_name("train", "llama-3.2-1b", NOW)
+    fine_tune = jobs.render(
+        name=model_name,
+        outputs=outputs,
+        nodes=workspace.nodes,
+        args=jobs.TrainingArgs(
+            None, "chats", max_steps=100, model="llama-3.2-1b", lora_rank=16, lora_alpha=32.0
+        ).argv(model_name),
+        labels={jobs.MODEL_LABEL: "llama-3.2-1b"},
+    )
+    export = jobs.render_export(
+        job_name=model_name, export=jobs.export_name(model_name, NOW), outputs=outputs
+    )
     return [
         Applied("trnctl job submit", train),
+        Applied("trnctl job submit --model --lora-rank", fine_tune),
+        Applied("trnctl job export", export),
         Applied("trnctl validate", validation.render(outputs, now=NOW)),
     ]
 
@@ -81,6 +97,12 @@ def test_every_object_conforms_to_the_pinned_apis(
         "TrainingRuntime",
         "TrainJob",
     } <= kinds
+    assert {a.origin for a in objects if a.origin.startswith("trnctl")} == {
+        "trnctl job submit",
+        "trnctl job submit --model --lora-rank",
+        "trnctl job export",
+        "trnctl validate",
+    }
     failures = {a.name: problems(a.obj) for a in objects}
     assert {name: found for name, found in failures.items() if found} == {}
 

@@ -1,0 +1,391 @@
+"""`job submit --model` (with LoRA) and `job export`: the rendered TrainJobs, the refusal of a
+model that was never staged, and the export job against the fake API server that the other job
+tests use (tests/trnctl/fake_kube.py) with the real kubernetes client."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+import test_trnctl_kube
+import yaml
+from fake_kube import FakeKube
+from test_trnctl_aws import OUTPUTS
+
+from trnctl import jobs, kube, models
+from trnctl.errors import ExitCode, TrnctlError
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+BUCKET = OUTPUTS.datasets_bucket
+fake = test_trnctl_kube.fake
+
+
+def _stage_marker(name: str) -> None:
+    """What a finished `model stage` leaves for the check: models/NAME/config.json."""
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-east-2"})
+    s3.put_object(Bucket=BUCKET, Key=f"models/{name}/config.json", Body=b"{}")
+
+
+@pytest.fixture
+def deployed(moto: None) -> None:
+    boto3.client("ssm").put_parameter(
+        Name="/trn-platform/trn-dev/outputs", Value=OUTPUTS.to_json(), Type="String"
+    )
+    _stage_marker("llama-3.2-1b")
+
+
+@pytest.fixture
+def no_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a dry run must not reach Kubernetes")
+
+    monkeypatch.setattr(kube, "connect", refuse)
+
+
+SUBMIT = ("job", "submit", "--env", "trn-dev", "--data", "chats", "--dry-run")
+
+
+def test_a_model_job_reads_the_model_where_it_reads_its_data(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    run = trnctl(*SUBMIT, "--model", "models/llama-3.2-1b", "--name", "ft-1", "--max-steps", "9")
+
+    assert run.exit_code == 0, run.stderr
+    job = yaml.safe_load(run.stdout)
+    assert job["spec"]["trainer"]["args"] == [
+        "--model",
+        "/datasets/models/llama-3.2-1b",
+        "--data",
+        "/datasets/chats",
+        "--checkpoint-dir",
+        "/fsx/checkpoints/ft-1",
+        "--metrics",
+        "/fsx/runs/ft-1/metrics.jsonl",
+        "--max-steps",
+        "9",
+    ]
+    assert job["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/model": "llama-3.2-1b",
+    }
+    jobs.check_schema(job)
+
+
+def test_lora_flags_pass_through(deployed: None, no_kubernetes: None, trnctl: Any) -> None:
+    base = (*SUBMIT, "--model", "models/llama-3.2-1b/")
+
+    whole = yaml.safe_load(trnctl(*base, "--lora-rank", "16", "--lora-alpha", "32").stdout)
+    half = yaml.safe_load(trnctl(*base, "--lora-rank", "8", "--lora-alpha", "0.5").stdout)
+    rank_only = yaml.safe_load(trnctl(*base, "--lora-rank", "4").stdout)
+
+    assert whole["spec"]["trainer"]["args"][-4:] == ["--lora-rank", "16", "--lora-alpha", "32"]
+    assert half["spec"]["trainer"]["args"][-4:] == ["--lora-rank", "8", "--lora-alpha", "0.5"]
+    assert rank_only["spec"]["trainer"]["args"][-2:] == ["--lora-rank", "4"]
+    jobs.check_schema(whole)
+
+
+def test_a_generated_name_keeps_its_timestamp_for_long_model_names() -> None:
+    name = jobs.generated_name("train", "a" * 63, NOW)
+
+    assert name == "train-" + "a" * 30 + "-20261201-120000"
+    assert len(name) == jobs.MAX_NAME
+    assert jobs.generated_name("train", "llama-3.2-1b", NOW) == "train-llama-3-2-1b-20261201-120000"
+
+
+def test_dry_run_generates_a_name_from_the_model(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    job = yaml.safe_load(trnctl(*SUBMIT, "--model", "models/llama-3.2-1b").stdout)
+
+    assert job["metadata"]["name"].startswith("train-llama-3-2-1b-")
+
+
+def test_a_model_never_staged_is_refused(deployed: None, no_kubernetes: None, trnctl: Any) -> None:
+    run = trnctl(*SUBMIT, "--model", "models/qwen3-8b")
+
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert run.stderr == (
+        f"trnctl: model models/qwen3-8b is not staged: s3://{BUCKET}/models/qwen3-8b/config.json "
+        "does not exist; stage it first with: trnctl model stage DIR qwen3-8b --env trn-dev\n"
+    )
+
+
+def test_a_model_whose_stage_did_not_finish_is_refused(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    """The weights are there but config.json (uploaded last) is not."""
+    boto3.client("s3").put_object(
+        Bucket=BUCKET, Key="models/half/model.safetensors", Body=b"\x02" + b"\x00" * 7 + b"{}"
+    )
+
+    run = trnctl(*SUBMIT, "--model", "models/half")
+
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert "model models/half is not staged" in run.stderr
+
+
+def test_access_denied_on_the_staged_check_is_one_line(
+    deployed: None, no_kubernetes: None, trnctl: Any, clients: Any, stub: Any
+) -> None:
+    stub(clients("s3")).add_client_error("head_object", "403", "Forbidden", 403)
+
+    run = trnctl(*SUBMIT, "--model", "models/llama-3.2-1b")
+
+    assert run.exit_code == ExitCode.AWS
+    assert run.stderr.startswith("trnctl: access denied calling HeadObject (403): Forbidden;")
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (["--model", "llama-3.2-1b"], "--model 'llama-3.2-1b' is not models/NAME"),
+        (["--model", "models/a/b"], "--model 'models/a/b' is not models/NAME"),
+        (["--model", "weights/x"], "--model 'weights/x' is not models/NAME"),
+        (["--model", "models/Llama"], "model name 'Llama' is not allowed: use lowercase"),
+        ([], "pass exactly one of --preset and --model"),
+        (
+            ["--preset", "tiny", "--model", "models/llama-3.2-1b"],
+            "pass exactly one of --preset and --model",
+        ),
+        (
+            ["--preset", "tiny", "--lora-rank", "8"],
+            "--lora-rank needs --model (LoRA fine-tunes a staged model)",
+        ),
+        (
+            ["--model", "models/llama-3.2-1b", "--lora-alpha", "16"],
+            "--lora-alpha needs --lora-rank",
+        ),
+        (
+            ["--model", "models/llama-3.2-1b", "--lora-rank", "0"],
+            "--lora-rank 0 is not allowed; use 1 or more",
+        ),
+        (
+            ["--model", "models/llama-3.2-1b", "--lora-rank", "8", "--lora-alpha", "0"],
+            "--lora-alpha 0 is not allowed; use a number above 0",
+        ),
+        (
+            ["--model", "models/llama-3.2-1b", "--lora-rank", "8", "--lora-alpha", "-2.5"],
+            "--lora-alpha -2.5 is not allowed; use a number above 0",
+        ),
+        (
+            ["--model", "models/llama-3.2-1b", "--lora-rank", "8", "--lora-alpha", "nan"],
+            "--lora-alpha nan is not allowed; use a number above 0",
+        ),
+    ],
+)
+def test_bad_model_or_lora_options_are_one_line_usage_errors(
+    deployed: None, no_kubernetes: None, trnctl: Any, extra: list[str], line: str
+) -> None:
+    run = trnctl(*SUBMIT, *extra)
+
+    assert run.exit_code == ExitCode.USAGE
+    assert run.stderr.startswith(f"trnctl: {line}")
+    assert run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"preset": None}, "exactly one of --preset and --model"),
+        ({"preset": "tiny", "model": "m"}, "exactly one of --preset and --model"),
+        ({"preset": "tiny", "lora_rank": 4}, r"--lora-rank needs --model"),
+        ({"model": "m", "lora_alpha": 1.0}, "--lora-alpha needs --lora-rank"),
+        ({"model": "m", "lora_rank": -1}, "--lora-rank -1 is not allowed"),
+        ({"model": "m", "lora_rank": 4, "lora_alpha": math.inf}, "--lora-alpha inf is not allowed"),
+    ],
+)
+def test_training_args_refuse_what_trn_train_would(kwargs: dict[str, Any], match: str) -> None:
+    fields = {"preset": None, "data": "d", **kwargs}
+    with pytest.raises(TrnctlError, match=match) as e:
+        jobs.TrainingArgs(**fields)
+    assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_the_trainer_parses_a_model_job_s_arguments() -> None:
+    """The arguments a --model TrainJob hands the entrypoint are ones `trn-train run` takes."""
+    from trainer.cli import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if "--model" not in commands.choices["run"]._option_string_actions:
+        pytest.skip("this trainer has no --model yet (issue 12, hf-model)")
+    args = jobs.TrainingArgs(None, "chats", max_steps=3, model="m").argv("ft-1")
+
+    parsed = parser.parse_args(["run", *args])
+
+    assert parsed.model_dir == "/datasets/models/m"
+    assert parsed.data == "/datasets/chats"
+
+
+# --- job export -------------------------------------------------------------------------------
+
+
+def test_export_names_keep_the_timestamp_and_fit() -> None:
+    assert jobs.export_name("ft-1", NOW) == "ft-1-export-1201120000"
+    long = jobs.export_name("a" * jobs.MAX_NAME, NOW)
+    assert long == "a" * 34 + "-export-1201120000"
+    assert len(long) == jobs.MAX_NAME
+
+
+def test_the_export_job_runs_trn_train_export_on_one_node() -> None:
+    job = jobs.render_export(job_name="ft-1", export="ft-1-export-1201120000", outputs=OUTPUTS)
+
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 1
+    assert trainer["command"] == ["python3", "-m", "trainer", "export"]
+    assert trainer["args"] == [
+        "--checkpoint-dir",
+        "/fsx/checkpoints/ft-1",
+        "--out",
+        "/fsx/checkpoints/ft-1/export/ft-1-export-1201120000",
+    ]
+    assert job["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/purpose": "export",
+        "trn-platform/source-job": "ft-1",
+    }
+    assert job["spec"]["runtimeRef"]["name"] == "neuron-torch"
+    jobs.check_schema(job)
+
+
+def test_the_export_command_is_trn_train() -> None:
+    """The export job's command, `python3 -m trainer`, is the image's trn-train (trainer.cli)."""
+    done = subprocess.run(
+        [sys.executable, *jobs.EXPORT_COMMAND[1:-1], "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "prepare-data" in done.stdout and "run" in done.stdout
+
+
+def _source(fake: FakeKube, name: str, labels: dict[str, str]) -> None:
+    fake.trainjobs[name] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"trainer": {"image": "example.com/trainer:7"}},
+    }
+
+
+def _export_finishes(fake: FakeKube, kind: str, polls: int = 1) -> None:
+    def created(job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        fake.statuses[name] = [{"conditions": []}] * polls + [test_trnctl_kube._finished(kind)]
+
+    fake.on_create = created
+
+
+EXPORT = ("job", "export", "ft-1", "--env", "trn-dev", "--poll", "0.01")
+
+
+def test_export_waits_and_prints_where_the_model_is(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, "ft-1", {jobs.MODEL_LABEL: "llama-3.2-1b"})
+    _export_finishes(fake, "Complete")
+
+    run = trnctl(*EXPORT)
+
+    assert run.exit_code == 0, run.stderr
+    (export,) = [n for n in fake.trainjobs if n != "ft-1"]
+    assert export.startswith("ft-1-export-")
+    created = fake.trainjobs[export]
+    # The training job's image: the trainer that wrote the checkpoint reads it.
+    assert created["spec"]["trainer"]["image"] == "example.com/trainer:7"
+    assert created["spec"]["trainer"]["args"][-1] == f"/fsx/checkpoints/ft-1/export/{export}"
+    jobs.check_schema(created)
+    assert run.stdout == (
+        f"exported the newest checkpoint of ft-1 as a Hugging Face model: "
+        f"/fsx/checkpoints/ft-1/export/{export} (in pods), "
+        f"s3://{OUTPUTS.checkpoints_bucket}/ft-1/export/{export}/ (FSx exports it to the "
+        "checkpoints bucket)\n"
+    )
+
+
+def test_export_without_waiting_says_where_it_will_write(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, "ft-1", {jobs.MODEL_LABEL: "llama-3.2-1b"})
+
+    run = trnctl(*EXPORT, "--no-wait", "--image", "example.com/trainer:8")
+
+    assert run.exit_code == 0, run.stderr
+    (export,) = [n for n in fake.trainjobs if n != "ft-1"]
+    assert fake.trainjobs[export]["spec"]["trainer"]["image"] == "example.com/trainer:8"
+    assert f"submitted export TrainJob {export}: it writes /fsx/checkpoints/ft-1/export/" in (
+        run.stdout
+    )
+    assert f"trnctl job logs {export} --env trn-dev --follow" in run.stdout
+    assert not [r for r in fake.requests if r.path.endswith(f"/trainjobs/{export}")]
+
+
+def test_a_failed_export_exits_1(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, "ft-1", {jobs.MODEL_LABEL: "llama-3.2-1b"})
+    _export_finishes(fake, "Failed")
+
+    run = trnctl(*EXPORT)
+
+    assert run.exit_code == ExitCode.FAILED
+    (export,) = [n for n in fake.trainjobs if n != "ft-1"]
+    assert run.stderr.splitlines()[-1] == (
+        f"trnctl: export job {export} ended Failed; see trnctl job logs {export} --env trn-dev"
+    )
+
+
+def test_an_export_that_does_not_finish_times_out(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, "ft-1", {jobs.MODEL_LABEL: "llama-3.2-1b"})
+    _export_finishes(fake, "Complete", polls=10_000)
+
+    run = trnctl(*EXPORT, "--timeout", "0.2")
+
+    assert run.exit_code == ExitCode.FAILED
+    assert "did not finish within 0.2 s (pods: none)" in run.stderr
+
+
+def test_a_preset_job_has_nothing_to_export(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, "ft-1", {jobs.PRESET_LABEL: "125m"})
+
+    run = trnctl(*EXPORT)
+
+    assert run.exit_code == ExitCode.USAGE
+    assert run.stderr == (
+        "trnctl: TrainJob 'ft-1' was not submitted with --model (it has no trn-platform/model "
+        "label): only runs from a Hugging Face model have a Hugging Face directory to export\n"
+    )
+    assert list(fake.trainjobs) == ["ft-1"]
+
+
+def test_exporting_an_unknown_job_is_not_found(fake: FakeKube, trnctl: Any) -> None:
+    run = trnctl(*EXPORT)
+
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert run.stderr == "trnctl: TrainJob 'ft-1' not found in namespace 'training'\n"
+
+
+def test_export_dry_run_prints_the_job_and_calls_no_kubernetes(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    run = trnctl("job", "export", "ft-1", "--env", "trn-dev", "--dry-run")
+
+    assert run.exit_code == 0, run.stderr
+    job = yaml.safe_load(run.stdout)
+    assert job["metadata"]["name"].startswith("ft-1-export-")
+    assert job["spec"]["trainer"]["image"] == OUTPUTS.image_uri
+    jobs.check_schema(job)
+
+
+def test_export_refuses_a_bad_job_name(deployed: None, no_kubernetes: None, trnctl: Any) -> None:
+    run = trnctl("job", "export", "FT_1", "--env", "trn-dev", "--dry-run")
+
+    assert run.exit_code == ExitCode.USAGE
+    assert run.stderr.startswith("trnctl: job name 'FT_1' is not a DNS-1035 label")
+
+
+def test_the_pod_path_is_under_the_datasets_mount() -> None:
+    assert models.pod_path("qwen3-8b") == "/datasets/models/qwen3-8b"

@@ -1,0 +1,135 @@
+"""Uploads to S3 that a rerun can skip: what ``trnctl data stage`` and ``trnctl model stage``
+share.
+
+An object counts as already uploaded when it has the file's size and carries the file's SHA-256 in
+the ``sha256`` metadata that :func:`upload_all` writes; S3 itself verifies each part's SHA-256
+checksum on upload, and a multipart upload that did not complete leaves no object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig
+
+from trnctl.errors import TrnctlError
+
+MIB = 1 << 20
+# S3's smallest part (except the last) is 5 MiB; 8 MiB is boto3's default part size.
+MIN_PART_MIB = 5
+DEFAULT_PART_MIB = 8
+SHA256_METADATA = "sha256"
+_READ_BYTES = 8 * MIB
+
+
+@dataclass(frozen=True)
+class S3Prefix:
+    """``s3://bucket/prefix/``; ``prefix`` is empty or ends with ``/``."""
+
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Prefix:
+        """Parse ``s3://BUCKET[/PREFIX]``.
+
+        Raises:
+            TrnctlError: not an s3:// URI with a bucket name (USAGE).
+        """
+        if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
+            raise TrnctlError(f"{uri!r} is not an S3 location; expected s3://BUCKET/PREFIX")
+        bucket, _, prefix = uri[5:].partition("/")
+        prefix = prefix.strip("/")
+        return cls(bucket, f"{prefix}/" if prefix else "")
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One file to put at ``key`` and its SHA-256."""
+
+    path: Path
+    key: str
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, read in 8 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_READ_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def is_intact(s3: Any, bucket: str, upload: Upload) -> bool:
+    """Whether ``bucket`` already holds ``upload`` whole: same size, same recorded SHA-256.
+
+    Raises:
+        botocore.exceptions.ClientError: any error but a missing object (access denied).
+    """
+    try:
+        head = s3.head_object(Bucket=bucket, Key=upload.key)
+    except s3.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return bool(
+        head["ContentLength"] == upload.size
+        and head.get("Metadata", {}).get(SHA256_METADATA) == upload.sha256
+    )
+
+
+def pending(s3: Any, items: list[Upload], dest: S3Prefix) -> list[Upload]:
+    """The items that ``dest`` does not already hold intact, in order.
+
+    Raises:
+        botocore.exceptions.ClientError: S3 refused a HEAD request (access denied, no bucket).
+    """
+    return [item for item in items if not is_intact(s3, dest.bucket, item)]
+
+
+def upload_all(
+    s3: Any,
+    items: list[Upload],
+    dest: S3Prefix,
+    *,
+    part_mib: int = DEFAULT_PART_MIB,
+    on_bytes: Callable[[int], None] = lambda sent: None,
+) -> None:
+    """Upload ``items`` to ``dest``.
+
+    Files larger than ``part_mib`` (default 8) MiB go up as multipart uploads in parts of that
+    size; every part carries a SHA-256 checksum that S3 verifies, and the object records the
+    file's SHA-256 for :func:`is_intact`. ``on_bytes`` receives each increment sent (a progress
+    bar).
+
+    Raises:
+        TrnctlError: ``part_mib`` below S3's 5 MiB minimum (USAGE).
+        boto3.exceptions.S3UploadFailedError: S3 refused an upload.
+    """
+    if part_mib < MIN_PART_MIB:
+        raise TrnctlError(f"--part-size-mib {part_mib} is below S3's minimum of {MIN_PART_MIB}")
+    config = TransferConfig(multipart_threshold=part_mib * MIB, multipart_chunksize=part_mib * MIB)
+    for item in items:
+        s3.upload_file(
+            str(item.path),
+            dest.bucket,
+            item.key,
+            ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {SHA256_METADATA: item.sha256}},
+            Config=config,
+            Callback=on_bytes,
+        )
