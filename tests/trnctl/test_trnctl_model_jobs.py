@@ -4,7 +4,6 @@ tests use (tests/trnctl/fake_kube.py) with the real kubernetes client."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import subprocess
 import sys
@@ -212,16 +211,26 @@ def test_the_trainer_parses_a_model_job_s_arguments() -> None:
     """The arguments a --model TrainJob hands the entrypoint are ones `trn-train run` takes."""
     from trainer.cli import _parser
 
-    parser = _parser()
-    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if "--model" not in commands.choices["run"]._option_string_actions:
-        pytest.skip("this trainer has no --model yet (issue 12, hf-model)")
     args = jobs.TrainingArgs(None, "chats", max_steps=3, model="m").argv("ft-1")
 
-    parsed = parser.parse_args(["run", *args])
+    parsed = _parser().parse_args(["run", *args])
 
     assert parsed.model_dir == "/datasets/models/m"
     assert parsed.data == "/datasets/chats"
+
+
+def test_the_trainer_parses_the_export_job_s_arguments() -> None:
+    """The export job's command and arguments are ones `trn-train export` takes."""
+    from trainer.cli import _parser
+
+    job = jobs.render_export(job_name="ft-1", export="ft-1-export-1201120000", outputs=OUTPUTS)
+    trainer = job["spec"]["trainer"]
+
+    parsed = _parser().parse_args([trainer["command"][-1], *trainer["args"]])
+
+    assert parsed.command == "export"
+    assert parsed.checkpoint_dir == "/fsx/checkpoints/ft-1"
+    assert parsed.out == "/fsx/checkpoints/ft-1/export/ft-1-export-1201120000"
 
 
 # --- job export -------------------------------------------------------------------------------

@@ -32,10 +32,11 @@ from safetensors.torch import save_file
 
 from trainer.config import MODEL_SEQ_LEN, ModelConfig, RopeScaling
 from trainer.model import GPT
+from trn_catalog import hf_models
 
-CONFIG = "config.json"
-SINGLE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
+CONFIG = hf_models.CONFIG_FILE
+SINGLE = hf_models.WEIGHTS_FILE
+INDEX = hf_models.WEIGHTS_INDEX_FILE
 # Files of a model directory that a checkpoint carries so that export needs nothing else: the
 # config and generation defaults, and the tokenizer files of the formats transformers reads.
 CARRIED = (
@@ -51,12 +52,8 @@ CARRIED = (
     "chat_template.jinja",
     "chat_template.json",
 )
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MistralForCausalLM": "mistral",
-}
+# The one list of architectures, shared with `trnctl model stage`.
+ARCHITECTURES = hf_models.MODEL_TYPES
 # The defaults of transformers 5.23.0's config classes (configuration_<arch>.py) for the fields
 # read here, used where config.json leaves one out. None: derived (head_dim: hidden_size //
 # num_attention_heads; num_key_value_heads: num_attention_heads).
