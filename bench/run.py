@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    for script in ("synth_bench.py", "trainer_bench.py"):
+    for script in ("synth_bench.py", "trainer_bench.py", "hf_bench.py"):
         result = subprocess.run([sys.executable, str(HERE / script)])
         if result.returncode:
             return result.returncode

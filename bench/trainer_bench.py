@@ -94,7 +94,7 @@ def bare_round() -> float:
         model(b[:, :-1], b[:, 1:]).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return MEASURED * cfg.micro_batch * cfg.model.seq_len / (time.perf_counter() - start)
+    return float(MEASURED * cfg.micro_batch * cfg.model.seq_len / (time.perf_counter() - start))
 
 
 def nanogpt_round(tokens: np.ndarray, *, like_for_like: bool) -> float:

@@ -481,7 +481,10 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
             if ours == "head.weight" and cfg.tie_embeddings:
                 state[ours] = state["tok.weight"]
                 continue
-            pieces = []
+            # One FP32 tensor per parameter, each piece converted as it is copied into its rows:
+            # no FP32 copy of a piece and no concatenation after.
+            fused = torch.empty(expected[ours], dtype=torch.float32)
+            start = 0
             for hf, rows in parts:
                 piece = handles[files[hf]].get_tensor(hf)
                 want = (rows, *expected[ours][1:])
@@ -490,8 +493,9 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
                         f"{files[hf]}: tensor {hf} has shape {tuple(piece.shape)}, "
                         f"config.json implies {want}"
                     )
-                pieces.append(piece.to(torch.float32))
-            state[ours] = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+                fused[start : start + rows].copy_(piece)
+                start += rows
+            state[ours] = fused
     return state
 
 

@@ -141,11 +141,17 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_rope()
         self.tie_weights()
+        # A model on the meta device has no values to draw, and drawing them costs as much
+        # Python as a real init (loading a checkpoint builds one or two).
+        if self.tok.weight.device.type != "meta":
+            self._init_weights()
+
+    def _init_weights(self) -> None:
         self.apply(self._init)
         # GPT-2's scaled init of the residual projections keeps the residual stream's variance flat.
         for name, p in self.named_parameters():
             if name.endswith(("proj.weight", "down.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.cfg.n_layer))
 
     def init_rope(self) -> None:
         """(Re)computes the RoPE tables (non-persistent FP32 buffers; none in the GPT-2 style) on

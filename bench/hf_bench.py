@@ -1,0 +1,193 @@
+"""Fine-tuning benchmarks (issue 12): the trainer on a Hugging Face Llama against a plain PyTorch
+loop over transformers' own ``LlamaForCausalLM``, and loading sharded safetensors against reading
+the same files.
+
+- trainer_vs_transformers_tokens_per_s: ``trn-train run --model`` (CPU, FP32, eager, one rank)
+  over a plain loop (``model(input_ids, labels=input_ids)``, backward, torch's default AdamW,
+  zero_grad) on the same Llama config, batch and sequence length, in the same rounds; the median of
+  each round's ratio (goal >= 1.1).
+- safetensors_load_vs_read: seconds to read every shard's bytes over seconds for the trainer's
+  loader to build the model from them (goal >= 0.5: loading costs at most twice a plain read).
+  Both read files the page cache already holds.
+
+Usage: python bench/hf_bench.py [--results bench/results.json] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# A benchmark never reaches the hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trainer import data, hf, metrics
+from trainer.config import TrainConfig
+from trainer.loop import train
+
+WARMUP, MEASURED = 2, 4  # steps per round; the trainer logs every 2
+BATCH, SEQ_LEN = 8, 256
+# A small Llama with the `small` preset's width and depth, grouped-query attention and a
+# vocabulary large enough that the output head is a real share of the work.
+LLAMA: dict[str, Any] = {
+    "vocab_size": 4096,
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": SEQ_LEN,
+    "tie_word_embeddings": False,
+}
+# The checkpoint the loading figure reads: ~155M parameters in BF16 (as models are published),
+# in 100 MB shards; the loader makes FP32 parameters of them.
+LOAD_LLAMA: dict[str, Any] = {
+    **LLAMA,
+    "vocab_size": 32000,
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+}
+GOALS = {"trainer_vs_transformers_tokens_per_s": 1.1, "safetensors_load_vs_read": 0.5}
+
+
+def make_model(
+    root: Path, shape: dict[str, Any], *, dtype: torch.dtype, max_shard_bytes: int
+) -> Path:
+    """A random Llama of ``shape`` saved by transformers, in shards of at most
+    ``max_shard_bytes``."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**shape))
+    torch.nn.Module.to(model, dtype)
+    out = root / f"llama-{shape['hidden_size']}-{dtype}"
+    model.save_pretrained(out, max_shard_size=max_shard_bytes)
+    return out
+
+
+def make_data(root: Path) -> Path:
+    tokens = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], 1 << 20, dtype=np.int64)
+    out = root / "data"
+    data.write_dataset(out, [tokens], vocab_size=LLAMA["vocab_size"], tokenizer="random")
+    return out
+
+
+def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
+    log = work / f"m-{time.monotonic_ns()}.jsonl"
+    cfg = TrainConfig(
+        model_dir=str(model_dir),
+        seq_len=SEQ_LEN,
+        data=str(data_dir),
+        device="cpu",
+        compile="none",
+        parallel="ddp",
+        micro_batch=BATCH,
+        max_steps=WARMUP + MEASURED,
+        log_every=2,
+        metrics=str(log),
+        progress=False,
+    )
+    train(cfg)
+    steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
+    seconds = sum(r["step_time_s"] * 2 for r in steady)
+    return float(len(steady) * 2 * BATCH * SEQ_LEN / seconds)
+
+
+def transformers_round(model_dir: Path) -> float:
+    """A plain loop over transformers' model: what a user writes first."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.1)
+    batches = [torch.randint(0, LLAMA["vocab_size"], (BATCH, SEQ_LEN + 1)) for _ in range(4)]
+    began = 0.0
+    for step in range(WARMUP + MEASURED):
+        if step == WARMUP:
+            began = time.perf_counter()
+        ids = batches[step % 4][:, :SEQ_LEN]
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return MEASURED * BATCH * SEQ_LEN / (time.perf_counter() - began)
+
+
+def load_vs_read(model_dir: Path, rounds: int) -> dict[str, float]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    cfg = hf.model_config(model_dir, seq_len=SEQ_LEN)
+    reads, loads = [], []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        for path in files:
+            path.read_bytes()
+        reads.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        hf.load_pretrained(model_dir, cfg)
+        loads.append(time.perf_counter() - began)
+    read, load = statistics.median(reads), statistics.median(loads)
+    return {"read_s": read, "load_s": load, "shards": len(files), "ratio": read / load}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = make_model(work, LLAMA, dtype=torch.float32, max_shard_bytes=8 << 20)
+        data_dir = make_data(work)
+        ours, theirs = [], []
+        for round_ in range(args.rounds):
+            # Which loop goes first alternates, so that load from elsewhere falls on both.
+            order = [trainer_round, transformers_round]
+            for run in order if round_ % 2 else order[::-1]:
+                if run is trainer_round:
+                    ours.append(trainer_round(model_dir, data_dir, work))
+                else:
+                    theirs.append(transformers_round(model_dir))
+        big = make_model(work, LOAD_LLAMA, dtype=torch.bfloat16, max_shard_bytes=100 << 20)
+        loading = load_vs_read(big, args.rounds)
+    per_round = [a / b for a, b in zip(ours, theirs, strict=True)]
+    figures = {
+        "trainer_vs_transformers_tokens_per_s": statistics.median(per_round),
+        "safetensors_load_vs_read": loading["ratio"],
+    }
+    section: dict[str, Any] = {
+        **figures,
+        "goals": GOALS,
+        "meets_goals": {k: figures[k] >= GOALS[k] for k in GOALS},
+        "details": {
+            "trainer_tokens_per_s": ours,
+            "transformers_tokens_per_s": theirs,
+            "per_round": per_round,
+            "loading": loading,
+            "llama": LLAMA,
+            "load_llama": LOAD_LLAMA,
+            "batch": BATCH,
+            "seq_len": SEQ_LEN,
+            "torch": torch.__version__,
+        },
+        "command": f"python {Path(__file__).resolve()}",
+    }
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["fine_tuning"] = section
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    return 0 if all(section["meets_goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
