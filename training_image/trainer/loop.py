@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from trainer import device, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
-from trainer.data import Dataset, ShardError, WindowSampler, open_dataset
+from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
 from trainer.metrics import MetricsLog, mfu
 from trainer.model import GPT
 
@@ -93,6 +93,65 @@ def open_dataset_per_node(
     return dataset if dataset is not None else open_dataset(root, verify=False)
 
 
+def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> WindowSampler | None:
+    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval: this rank's
+    ``cfg.batch_per_rank`` rows of each of the batches ``0 .. eval_batches - 1``, drawn with
+    ``cfg.seed``, the same batches at every eval; None when eval is off.
+
+    Raises:
+        ValueError: eval is on but the dataset has no held-out split, or one too short for a
+            window.
+    """
+    if not cfg.eval_every:
+        return None
+    if dataset.eval_split is None:
+        raise ValueError(
+            f"eval_every {cfg.eval_every} needs a held-out split; {dataset.root} has none "
+            "(prepare-data --tokenizer ... --eval-fraction F writes one)"
+        )
+    try:
+        return WindowSampler(
+            dataset.eval_split,
+            seq_len=cfg.model.seq_len,
+            micro_batch=cfg.batch_per_rank,
+            seed=cfg.seed,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+        )
+    except ValueError:
+        raise ValueError(
+            f"the held-out split of {dataset.root} has no shard of {cfg.model.seq_len + 1} "
+            "tokens (seq_len + 1) for eval; prepare the data with a larger --eval-fraction"
+        ) from None
+
+
+def evaluate(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    sampler: WindowSampler,
+    num_batches: int,
+    backend: device.Backend,
+    ranks: parallel.Ranks,
+) -> tuple[float, int]:
+    """Mean cross-entropy over every trained target of ``num_batches`` held-out batches, on all
+    ranks (summed over ranks, so every rank gets the same value), without gradients; returns
+    the loss and the number of targets. A batch without trained targets adds nothing (its mean
+    would be NaN)."""
+    total = torch.zeros(2, device=backend.device)
+    source = (sampler.batch(k) for k in range(num_batches))
+    # eager_on_recompile: the forward was compiled with gradients; eval runs it without, and a
+    # second graph for a few batches is not worth compiling (nor an error under
+    # fail_on_recompile).
+    with torch.no_grad(), torch.compiler.set_stance("eager_on_recompile"):
+        for x, y in backend.batches(source):
+            with backend.autocast():
+                loss = forward(x, y).float()
+            count = (y != IGNORE_INDEX).sum()
+            total += torch.stack([torch.where(count > 0, loss * count, 0.0), count.float()])
+            backend.step_boundary()
+    loss_sum, targets = (parallel.all_mean(total, ranks) * ranks.world_size).tolist()
+    return (loss_sum / targets if targets else float("nan")), int(targets)
+
+
 def _num_params(cfg: TrainConfig) -> int:
     """The preset's parameter count, from a model on the meta device (no memory, no init)."""
     with torch.device("meta"):
@@ -140,6 +199,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         world_size=ranks.world_size,
         grad_accum=cfg.grad_accum,
     )
+    held_out = eval_sampler(cfg, dataset, ranks)
 
     torch.manual_seed(cfg.seed)
     gpt = GPT(cfg.model)
@@ -184,7 +244,9 @@ def train(cfg: TrainConfig) -> TrainResult:
             for micro in range(cfg.grad_accum):
                 x, y = next(batches)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
-                    loss = forward(x, y) / cfg.grad_accum
+                    loss = forward(x, y)
+                # A micro-batch whose every target is masked has a NaN mean: it adds 0 instead.
+                loss = torch.where((y != IGNORE_INDEX).any(), loss, 0.0) / cfg.grad_accum
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += loss.detach()
             backend.reduce_gradients(optimizer, ranks.world_size)
@@ -220,6 +282,12 @@ def train(cfg: TrainConfig) -> TrainResult:
                 loss_sum.zero_()
                 logged_steps = 0
                 interval_start = time.perf_counter()
+
+            if held_out is not None and step % cfg.eval_every == 0:
+                eval_loss, eval_targets = evaluate(
+                    forward, held_out, cfg.eval_batches, backend, ranks
+                )
+                log.write_eval({"step": step, "eval_loss": eval_loss, "eval_tokens": eval_targets})
 
             preempted = parallel.any_rank(stop.set, ranks, control)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
