@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +200,45 @@ def test_eval_on_the_compiled_path_adds_no_graph(chat_data: Path, tmp_path: Path
     expected = [r["eval_loss"] for r in metrics.read(tmp_path / "m.jsonl", metrics.EVAL)]
     got = [r["eval_loss"] for r in metrics.read(tmp_path / "compiled.jsonl", metrics.EVAL)]
     assert got == pytest.approx(expected, rel=1e-5) and len(got) == 2
+
+
+def test_two_fsdp_ranks_report_the_one_rank_eval_loss(
+    chat_data: Path, tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Each rank trains on and evaluates its rows and the sums over trained targets are
+    combined: two ranks of 2 rows give the training and eval losses of one rank of 4 rows."""
+    one = _config(
+        chat_data,
+        tmp_path,
+        micro_batch=4,
+        checkpoint_dir="",
+        checkpoint_every=0,
+        metrics=str(tmp_path / "one.jsonl"),
+    )
+    train(one)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    args = ["2", "-m", "trainer", "run", "--preset", "tiny", "--device", "cpu", "--compile"]
+    args += ["none", "--data", str(chat_data), "--max-steps", "4", "--micro-batch", "2"]
+    args += ["--seed", "7", "--eval-every", "2", "--eval-batches", "3", "--parallel", "fsdp"]
+    args += ["--log-every", "1", "--metrics", str(tmp_path / "two.jsonl")]
+    done = subprocess.run(
+        [*torchrun, *args],
+        env=trainer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The step's loss is the mean over its trained targets however the rows are split.
+    two_ranks, one_rank = metrics.read(tmp_path / "two.jsonl"), metrics.read(tmp_path / "one.jsonl")
+    assert [r["step"] for r in two_ranks] == [r["step"] for r in one_rank] == [1, 2, 3, 4]
+    for mine, reference in zip(two_ranks, one_rank, strict=True):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5), mine["step"]
+    expected = metrics.read(tmp_path / "one.jsonl", metrics.EVAL)
+    got = metrics.read(tmp_path / "two.jsonl", metrics.EVAL)
+    assert [r["step"] for r in got] == [2, 4]
+    for mine, reference in zip(got, expected, strict=True):
+        assert mine["eval_tokens"] == reference["eval_tokens"]
+        assert mine["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-5)

@@ -405,17 +405,36 @@ class WindowSampler:
         self._ends = np.cumsum(windows)
         self._starts = self._ends - windows
 
+    def _picks(self, step: int) -> np.ndarray:
+        """Window starts of the step's whole global batch, in block order."""
+        rng = np.random.Generator(np.random.PCG64([self.seed, step]))
+        size = self.micro_batch * self.world_size * self.grad_accum
+        return rng.integers(0, int(self._ends[-1]), size=size)
+
+    def _locate(self, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shard_ids = np.searchsorted(self._ends, picks, side="right")
+        return shard_ids, picks - self._starts[shard_ids]
+
+    def trained_targets(self, step: int) -> int:
+        """Targets of the step's whole global batch (every rank, every micro-step) whose mask
+        is 1; all of them for a dataset without masks. Host-side, from ``(seed, step)`` alone,
+        so every rank knows it without communicating."""
+        picks = self._picks(step)
+        if self.dataset.masks is None:
+            return picks.size * self.seq_len
+        masks = self.dataset.masks
+        shard_ids, offsets = self._locate(picks)
+        return sum(
+            int(np.count_nonzero(masks[s][o + 1 : o + self.seq_len + 1]))
+            for s, o in zip(shard_ids, offsets, strict=True)
+        )
+
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets, int64 ``(micro_batch, seq_len)`` CPU tensors, for this rank;
         a target whose mask is 0 is :data:`IGNORE_INDEX`."""
-        rng = np.random.Generator(np.random.PCG64([self.seed, step]))
-        picks = rng.integers(
-            0, int(self._ends[-1]), size=self.micro_batch * self.world_size * self.grad_accum
-        )
         block = micro_step * self.world_size + self.rank
-        picks = picks[block * self.micro_batch : (block + 1) * self.micro_batch]
-        shard_ids = np.searchsorted(self._ends, picks, side="right")
-        offsets = picks - self._starts[shard_ids]
+        picks = self._picks(step)[block * self.micro_batch : (block + 1) * self.micro_batch]
+        shard_ids, offsets = self._locate(picks)
         span = self.seq_len + 1
         rows = np.empty((self.micro_batch, span), dtype=np.int64)
         for i, (s, o) in enumerate(zip(shard_ids, offsets, strict=True)):

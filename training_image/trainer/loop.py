@@ -152,6 +152,16 @@ def evaluate(
     return (loss_sum / targets if targets else float("nan")), int(targets)
 
 
+def _target_weight(
+    sampler: WindowSampler, step: int, ranks: parallel.Ranks, backend: device.Backend
+) -> torch.Tensor:
+    """``world_size / trained targets of the step`` (0 when there are none), a device tensor:
+    gradients are averaged over ranks, so each rank's sum is scaled by the world size. A tensor
+    rather than a number, so that a lazy (XLA) graph takes it as an input, not a constant."""
+    targets = sampler.trained_targets(step)
+    return torch.tensor(ranks.world_size / targets if targets else 0.0, device=backend.device)
+
+
 def _num_params(cfg: TrainConfig) -> int:
     """The preset's parameter count, from a model on the meta device (no memory, no init)."""
     with torch.device("meta"):
@@ -241,12 +251,21 @@ def train(cfg: TrainConfig) -> TrainResult:
                 min_ratio=cfg.min_lr_ratio,
             )
             optim.set_lr(optimizer, lr)
+            weight = (
+                None if dataset.masks is None else _target_weight(sampler, step, ranks, backend)
+            )
             for micro in range(cfg.grad_accum):
                 x, y = next(batches)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
                     loss = forward(x, y)
-                # A micro-batch whose every target is masked has a NaN mean: it adds 0 instead.
-                loss = torch.where((y != IGNORE_INDEX).any(), loss, 0.0) / cfg.grad_accum
+                if weight is None:
+                    loss = loss / cfg.grad_accum
+                else:
+                    # The micro-batch's sum over its trained targets, over the step's count: the
+                    # step's loss is the mean over every trained target however ranks and
+                    # micro-steps split it. No trained target: 0, not the NaN of an empty mean.
+                    count = (y != IGNORE_INDEX).sum()
+                    loss = torch.where(count > 0, loss * count, 0.0) * weight
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += loss.detach()
             backend.reduce_gradients(optimizer, ranks.world_size)
