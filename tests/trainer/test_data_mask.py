@@ -91,10 +91,35 @@ def test_a_step_with_every_target_masked_trains_without_nan(tmp_path: Path) -> N
     mask = np.zeros(400, dtype=np.uint8)
     root = _masked_dataset(tmp_path / "d", tokens, mask, eval_fraction=0)
     cfg = TrainConfig(
-        preset="tiny", device="cpu", compile="none", data=str(root), max_steps=2, log_every=1
+        preset="tiny",
+        device="cpu",
+        compile="none",
+        data=str(root),
+        max_steps=2,
+        log_every=1,
+        checkpoint_dir=str(tmp_path / "ck"),
     )
     result = train(cfg)
     assert result.last_loss == 0.0
+    state = torch.load(tmp_path / "ck" / "step_00000002" / "state.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_eval_of_batches_without_trained_targets_is_none_not_nan(tmp_path: Path) -> None:
+    from trainer import device, parallel
+    from trainer.loop import evaluate
+
+    root = _masked_dataset(
+        tmp_path, np.arange(300) % 256, np.zeros(300, np.uint8), eval_fraction=0.5
+    )
+    held_out = data.open_dataset(root).eval_split
+    assert held_out is not None
+    sampler = data.WindowSampler(held_out, seq_len=64, micro_batch=2, seed=0)
+    model = GPT(PRESETS["tiny"].model)
+    backend = device.resolve("cpu", compile_backend="none", local_rank=0)
+    backend.start()
+    ranks = parallel.ranks_from_env()
+    assert evaluate(model, sampler, 2, backend, ranks) == (None, 0)
 
 
 def test_a_mask_that_fails_its_checksum_is_named(tmp_path: Path) -> None:

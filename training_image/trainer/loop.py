@@ -131,11 +131,11 @@ def evaluate(
     num_batches: int,
     backend: device.Backend,
     ranks: parallel.Ranks,
-) -> tuple[float, int]:
+) -> tuple[float | None, int]:
     """Mean cross-entropy over every trained target of ``num_batches`` held-out batches, on all
     ranks (summed over ranks, so every rank gets the same value), without gradients; returns
-    the loss and the number of targets. A batch without trained targets adds nothing (its mean
-    would be NaN)."""
+    the loss (None when no target is trained: JSON has no NaN) and the number of targets. A
+    batch without trained targets adds nothing."""
     total = torch.zeros(2, device=backend.device)
     source = (sampler.batch(k) for k in range(num_batches))
     # eager_on_recompile: the forward was compiled with gradients; eval runs it without, and a
@@ -143,13 +143,13 @@ def evaluate(
     # fail_on_recompile).
     with torch.no_grad(), torch.compiler.set_stance("eager_on_recompile"):
         for x, y in backend.batches(source):
-            with backend.autocast():
-                loss = forward(x, y).float()
             count = (y != IGNORE_INDEX).sum()
+            with backend.autocast():
+                loss = forward(x, _no_empty_mean(y, count)).float()
             total += torch.stack([torch.where(count > 0, loss * count, 0.0), count.float()])
             backend.step_boundary()
     loss_sum, targets = (parallel.all_mean(total, ranks) * ranks.world_size).tolist()
-    return (loss_sum / targets if targets else float("nan")), int(targets)
+    return (loss_sum / targets if targets else None), int(targets)
 
 
 def _target_weight(
@@ -160,6 +160,13 @@ def _target_weight(
     rather than a number, so that a lazy (XLA) graph takes it as an input, not a constant."""
     targets = sampler.trained_targets(step)
     return torch.tensor(ranks.world_size / targets if targets else 0.0, device=backend.device)
+
+
+def _no_empty_mean(targets: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``targets``, or all zeros when none is trained (``count`` 0): the mean over no target is
+    NaN, and its backward divides by a zero weight; token 0 gives a finite loss that the caller
+    weights by 0. On the device, without a host read."""
+    return torch.where(count > 0, targets, torch.zeros_like(targets))
 
 
 def _num_params(cfg: TrainConfig) -> int:
@@ -256,6 +263,9 @@ def train(cfg: TrainConfig) -> TrainResult:
             )
             for micro in range(cfg.grad_accum):
                 x, y = next(batches)
+                if weight is not None:
+                    count = (y != IGNORE_INDEX).sum()
+                    y = _no_empty_mean(y, count)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
                     loss = forward(x, y)
                 if weight is None:
@@ -263,8 +273,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 else:
                     # The micro-batch's sum over its trained targets, over the step's count: the
                     # step's loss is the mean over every trained target however ranks and
-                    # micro-steps split it. No trained target: 0, not the NaN of an empty mean.
-                    count = (y != IGNORE_INDEX).sum()
+                    # micro-steps split it.
                     loss = torch.where(count > 0, loss * count, 0.0) * weight
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += loss.detach()

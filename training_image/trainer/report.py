@@ -39,7 +39,7 @@ def figure(metrics_path: str | Path) -> Figure:
     steps = [r["step"] for r in records]
     fig, (ax_loss, ax_tput) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     ax_loss.plot(steps, [r["loss"] for r in records], label="train")
-    evals = metrics.read(metrics_path, metrics.EVAL)
+    evals = [r for r in metrics.read(metrics_path, metrics.EVAL) if r["eval_loss"] is not None]
     if evals:
         ax_loss.plot(
             [r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval"
