@@ -237,15 +237,21 @@ DISTRIBUTIONS = {
     "numpy": "numpy",
     "boto3": "boto3",
     "botocore": "botocore",
+    "transformers": "transformers",
     "torch_neuronx": "torch-neuronx",
     "torch_xla": "torch-xla",
     "matplotlib": "matplotlib",
     "safetensors": "safetensors",
 }
-# Modules imported only on some stacks (by that stack's device backend), and the one module the
-# image leaves out: `trn-train report` draws a metrics file where it was copied to, not on a
-# trn node.
-ONLY_ON = {"torch_neuronx": {"native"}, "torch_xla": {"xla"}, "matplotlib": set()}
+# Modules imported only on some stacks (by that stack's device backend), and the modules the
+# image leaves out: `trn-train report` draws a metrics file where it was copied to, and
+# `trn-train prepare-data --tokenizer` tokenizes where the data is prepared, not on a trn node.
+ONLY_ON = {
+    "torch_neuronx": {"native"},
+    "torch_xla": {"xla"},
+    "matplotlib": set(),
+    "transformers": set(),
+}
 
 
 def _imports(path: Path) -> set[str]:

@@ -41,10 +41,28 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trn-train", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    prep = sub.add_parser("prepare-data", help="tokenize the shipped corpus (bytes) into shards")
+    prep = sub.add_parser(
+        "prepare-data",
+        help="tokenize text into shards: a model's tokenizer (--tokenizer), else bytes",
+    )
     prep.add_argument("--out", required=True, help="directory for the shards and manifest.json")
-    prep.add_argument("--corpus", help="directory of .txt files (default: the shipped corpus)")
-    prep.add_argument("--shard-tokens", type=int, default=1 << 16)
+    prep.add_argument(
+        "--corpus", help="without --tokenizer: directory of .txt files (default: shipped corpus)"
+    )
+    prep.add_argument("--tokenizer", help="model directory whose tokenizer to use")
+    prep.add_argument("--input", help="with --tokenizer: the file to tokenize")
+    prep.add_argument("--format", choices=["text", "jsonl", "chat"], default="text")
+    prep.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.01,
+        help="with --tokenizer: share of tokens held out for eval loss (the tail); default 0.01",
+    )
+    prep.add_argument(
+        "--shard-tokens",
+        type=int,
+        help="tokens per shard; default 65536 (bytes), 16M (--tokenizer)",
+    )
 
     run = sub.add_parser("run", help="train, resuming from the newest valid checkpoint")
     _add_training_args(run)
@@ -138,6 +156,15 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
     run.add_argument("--metrics", default=d.metrics, help="JSON-lines file (appended)")
     run.add_argument("--log-every", type=int, default=d.log_every)
+    run.add_argument(
+        "--eval-every",
+        type=int,
+        default=d.eval_every,
+        help="steps between eval losses on the held-out split; 0 (default) = no eval",
+    )
+    run.add_argument(
+        "--eval-batches", type=int, default=d.eval_batches, help="held-out batches per eval"
+    )
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument("--instance-type", default=d.instance_type, help="for the Neuron MFU peak")
     run.add_argument(
@@ -158,13 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``trn-train``; returns the exit status (0 also after a SIGTERM checkpoint)."""
     args = _parser().parse_args(argv)
     if args.command == "prepare-data":
-        from trainer import data
-
-        corpus = Path(args.corpus) if args.corpus else data.DEFAULT_CORPUS
-        manifest = data.prepare_corpus(Path(args.out), corpus, shard_tokens=args.shard_tokens)
-        tokens = sum(s["tokens"] for s in manifest["shards"])  # type: ignore[attr-defined]
-        print(f"wrote {len(manifest['shards'])} shards, {tokens} tokens, to {args.out}")  # type: ignore[arg-type]
-        return 0
+        return _prepare_data(args)
     if args.command == "report":
         from trainer import report
 
@@ -223,6 +244,39 @@ def _hf_command(args: argparse.Namespace) -> int:
         args.checkpoint_dir, args.out, dtype=args.dtype, max_shard_bytes=args.max_shard_bytes
     )
     print(json.dumps({"out": args.out, "files": written}))
+    return 0
+
+
+def _prepare_data(args: argparse.Namespace) -> int:
+    """``trn-train prepare-data``; returns 1, after one line on stderr, for bad input."""
+    from trainer import data
+
+    if args.tokenizer is None:
+        if args.input is not None:
+            print("error: --input needs --tokenizer (the byte corpus is --corpus)", file=sys.stderr)
+            return 1
+        corpus = Path(args.corpus) if args.corpus else data.DEFAULT_CORPUS
+        manifest = data.prepare_corpus(
+            Path(args.out), corpus, shard_tokens=args.shard_tokens or 1 << 16
+        )
+    else:
+        from trainer import tokenizing
+
+        try:
+            if args.input is None or args.corpus is not None:
+                raise ValueError("--tokenizer takes --input FILE (and --format), not --corpus")
+            manifest = tokenizing.prepare(
+                Path(args.out),
+                args.tokenizer,
+                Path(args.input),
+                args.format,
+                eval_fraction=args.eval_fraction,
+                shard_tokens=args.shard_tokens or 1 << 24,
+            )
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    print(data.summary(manifest, args.out))
     return 0
 
 

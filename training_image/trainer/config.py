@@ -155,7 +155,8 @@ class TrainConfig:
     learning rate and parallelism from the preset when left at 0/None,
     warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
     (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
-    shards checked by header and size (``verify_data``: also every shard's SHA-256).
+    shards checked by header and size (``verify_data``: also every shard's SHA-256), no eval
+    (``eval_every`` 0; when on, the mean loss of ``eval_batches`` (8) held-out batches).
 
     ``model_dir`` (a Hugging Face model directory) replaces the preset: the architecture comes
     from its ``config.json`` and the first weights from its safetensors; micro batch, learning
@@ -191,6 +192,8 @@ class TrainConfig:
     progress: bool | None = None
     peak_flops: float = 0.0
     verify_data: bool = False
+    eval_every: int = 0
+    eval_batches: int = 8
 
     @functools.cached_property
     def model(self) -> ModelConfig:
@@ -246,5 +249,9 @@ class TrainConfig:
             raise ValueError(
                 f"checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}"
             )
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: no eval), got {self.eval_every}")
+        if self.eval_batches < 1:
+            raise ValueError(f"eval_batches must be >= 1, got {self.eval_batches}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("checkpoint_every needs checkpoint_dir")

@@ -4,6 +4,13 @@ Shard file: a 32-byte header (magic ``TRNSHRD1``, format version, bytes per toke
 little-endian) followed by the tokens as little-endian uint16 or uint32. ``manifest.json`` lists
 each shard's name, token count and SHA-256 with the tokenizer id, vocabulary size and dtype.
 
+Manifest format 2 (``trn-train prepare-data --tokenizer``) adds, all optional to a reader:
+``tokenizer_sha256`` and ``eos_token_id``; a loss-mask stream, one mask file per shard (the same
+header with magic ``TRNMASK1`` and 1 byte per token, 1 = the token is trained as a target),
+named with its SHA-256 in the shard's ``mask`` entry; and ``eval_shards``, the held-out split,
+in the same form as ``shards``. The shard files themselves are unchanged, so format-1
+directories (the byte corpus, which is still written as format 1) load as before.
+
 Shards are hashed in full when they are written and staged (``trnctl data stage`` checks them
 with this module's reader before it uploads them, and S3 checks each part's SHA-256). Opening a
 dataset for training checks the manifest, each shard's header and size, and records the
@@ -12,18 +19,21 @@ manifest's own SHA-256, which pins every shard's hash; re-hashing every shard is
 
 Batches are drawn by :class:`WindowSampler` from ``(seed, step)`` alone; each rank reads its slice
 of the step's global batch, so a resumed run sees exactly the batches it would have seen, and one
-rank accumulating gradients over N micro-steps sees the same global batch as N ranks.
+rank accumulating gradients over N micro-steps sees the same global batch as N ranks. Targets
+whose mask is 0 are :data:`IGNORE_INDEX` (-100), the value PyTorch's ``cross_entropy`` skips by
+default.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,12 +41,16 @@ if TYPE_CHECKING:
     import torch
 
 MAGIC = b"TRNSHRD1"
+MASK_MAGIC = b"TRNMASK1"
 FORMAT_VERSION = 1
+MANIFEST_VERSIONS = (1, 2)
+IGNORE_INDEX = -100
 HEADER = struct.Struct("<8sIIQ8x")
 MANIFEST = "manifest.json"
 BYTE_TOKENIZER = "bytes-v1"
 DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 _DTYPES: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_MASK_DTYPE = np.dtype("u1")
 
 
 class ShardError(ValueError):
@@ -60,8 +74,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype) -> str:
-    """Writes one shard and returns its SHA-256.
+def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype, *, magic: bytes = MAGIC) -> str:
+    """Writes one shard (``magic`` :data:`MASK_MAGIC` and dtype uint8: a mask file) and returns
+    its SHA-256.
 
     Raises:
         ValueError: a token does not fit ``dtype``.
@@ -69,9 +84,55 @@ def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype) -> str:
     if tokens.size and int(tokens.max()) > np.iinfo(dtype).max:
         raise ValueError(f"token id {int(tokens.max())} does not fit {dtype.name}")
     with path.open("wb") as f:
-        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, tokens.size))
+        f.write(HEADER.pack(magic, FORMAT_VERSION, dtype.itemsize, tokens.size))
         f.write(np.ascontiguousarray(tokens, dtype=dtype).tobytes())
     return _sha256(path)
+
+
+class _ShardWriter:
+    """Cuts a stream of tokens (and, when ``masked``, their mask) into shards named
+    ``{prefix}_NNNNN.bin`` (masks ``{prefix}_NNNNN.mask``) of at most ``shard_tokens`` tokens."""
+
+    def __init__(
+        self, out: Path, prefix: str, dtype: np.dtype, shard_tokens: int, *, masked: bool
+    ) -> None:
+        self.out, self.prefix, self.dtype, self.shard_tokens = out, prefix, dtype, shard_tokens
+        self.masked = masked
+        self.entries: list[dict[str, object]] = []
+        self._tokens: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
+        self._size = 0
+
+    def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        if self.masked and mask is None:
+            mask = np.ones(tokens.size, dtype=np.uint8)
+        while tokens.size:
+            take = self.shard_tokens - self._size
+            self._tokens.append(tokens[:take])
+            if mask is not None:
+                self._masks.append(mask[:take])
+                mask = mask[take:]
+            self._size += self._tokens[-1].size
+            tokens = tokens[take:]
+            if self._size == self.shard_tokens:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self._size:
+            return
+        stem = f"{self.prefix}_{len(self.entries):05d}"
+        tokens = np.concatenate(self._tokens)
+        entry: dict[str, object] = {
+            "name": f"{stem}.bin",
+            "tokens": int(tokens.size),
+            "sha256": write_shard(self.out / f"{stem}.bin", tokens, self.dtype),
+        }
+        if self.masked:
+            mask = np.concatenate(self._masks)
+            digest = write_shard(self.out / f"{stem}.mask", mask, _MASK_DTYPE, magic=MASK_MAGIC)
+            entry["mask"] = {"name": f"{stem}.mask", "sha256": digest}
+        self.entries.append(entry)
+        self._tokens, self._masks, self._size = [], [], 0
 
 
 def write_dataset(
@@ -82,46 +143,100 @@ def write_dataset(
     tokenizer: str,
     shard_tokens: int = 1 << 24,
 ) -> dict[str, object]:
-    """Writes ``token_chunks`` as shards of at most ``shard_tokens`` (default 16M) tokens plus the
-    manifest; returns the manifest."""
+    """Writes ``token_chunks`` as shards of at most ``shard_tokens`` (default 16M) tokens plus a
+    format-1 manifest (no masks, no held-out split); returns the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     dtype = dtype_for_vocab(vocab_size)
-    shards: list[dict[str, object]] = []
-    pending: list[np.ndarray] = []
-    pending_size = 0
-
-    def flush() -> None:
-        nonlocal pending, pending_size
-        tokens = np.concatenate(pending)
-        name = f"shard_{len(shards):05d}.bin"
-        shards.append(
-            {
-                "name": name,
-                "tokens": int(tokens.size),
-                "sha256": write_shard(out / name, tokens, dtype),
-            }
-        )
-        pending, pending_size = [], 0
-
+    writer = _ShardWriter(out, "shard", dtype, shard_tokens, masked=False)
     for chunk in token_chunks:
-        while chunk.size:
-            take = chunk[: shard_tokens - pending_size]
-            pending.append(take)
-            pending_size += take.size
-            chunk = chunk[take.size :]
-            if pending_size == shard_tokens:
-                flush()
-    if pending_size:
-        flush()
+        writer.add(chunk)
+    writer.flush()
     manifest: dict[str, object] = {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer,
         "vocab_size": vocab_size,
         "dtype": dtype.name,
-        "shards": shards,
+        "shards": writer.entries,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def summary(manifest: Mapping[str, Any], out: str | Path) -> str:
+    """One line on what a manifest holds, e.g. ``wrote 1 shards, 900 tokens, to OUT``, with the
+    held-out tokens when there is a held-out split."""
+    tokens = sum(s["tokens"] for s in manifest["shards"])
+    line = f"wrote {len(manifest['shards'])} shards, {tokens} tokens, to {out}"
+    held_out = manifest.get("eval_shards", [])
+    if held_out:
+        line += f"; held out {sum(s['tokens'] for s in held_out)} tokens for eval"
+    return line
+
+
+def eval_tokens_for(total_tokens: int, eval_fraction: float) -> int:
+    """Tokens held out for evaluation: ``ceil(eval_fraction * total_tokens)``, 0 for 0.
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 0.5].
+    """
+    if not 0.0 <= eval_fraction <= 0.5:
+        raise ValueError(f"--eval-fraction must be between 0 and 0.5, got {eval_fraction}")
+    return math.ceil(eval_fraction * total_tokens)
+
+
+def write_split_dataset(
+    out: Path,
+    documents: Sequence[tuple[np.ndarray, np.ndarray | None]],
+    *,
+    vocab_size: int,
+    identity: Mapping[str, object],
+    eval_fraction: float = 0.01,
+    shard_tokens: int = 1 << 24,
+) -> dict[str, object]:
+    """Writes ``documents`` (token ids and a mask or None, in order) as a format-2 dataset and
+    returns its manifest. The held-out split is the tail of the token stream, the last
+    :func:`eval_tokens_for` tokens (so the last documents, the first of them possibly cut),
+    written as ``eval_*`` shards; a mask stream is written when any document has a mask.
+    ``identity`` (the tokenizer's name, SHA-256 and EOS id) goes into the manifest as given.
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 0.5]; a token does not fit the dtype.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = dtype_for_vocab(vocab_size)
+    masked = any(mask is not None for _, mask in documents)
+    total = sum(tokens.size for tokens, _ in documents)
+    train_left = total - eval_tokens_for(total, eval_fraction)
+    train = _ShardWriter(out, "shard", dtype, shard_tokens, masked=masked)
+    held_out = _ShardWriter(out, "eval", dtype, shard_tokens, masked=masked)
+    for tokens, mask in documents:
+        cut = min(train_left, tokens.size)
+        train.add(tokens[:cut], None if mask is None else mask[:cut])
+        held_out.add(tokens[cut:], None if mask is None else mask[cut:])
+        train_left -= cut
+    train.flush()
+    held_out.flush()
+    manifest: dict[str, object] = {
+        "format_version": 2,
+        **identity,
+        "vocab_size": vocab_size,
+        "dtype": dtype.name,
+        "masked": masked,
+        "shards": train.entries,
+        "eval_shards": held_out.entries,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def dataset_files(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every file a manifest names, as (name, SHA-256): shards, their masks, held-out shards."""
+    files = []
+    for entry in [*manifest["shards"], *manifest.get("eval_shards", [])]:
+        files.append((entry["name"], entry["sha256"]))
+        if "mask" in entry:
+            files.append((entry["mask"]["name"], entry["mask"]["sha256"]))
+    return files
 
 
 def prepare_corpus(
@@ -144,7 +259,8 @@ def prepare_corpus(
 
 @dataclass(frozen=True)
 class Dataset:
-    """Memory-mapped shards of one prepared directory."""
+    """Memory-mapped shards of one prepared directory; ``masks`` (one per shard) is None when
+    every token is trained, ``eval_split`` the held-out shards (None when there are none)."""
 
     root: Path
     tokenizer: str
@@ -152,16 +268,81 @@ class Dataset:
     shards: tuple[np.memmap, ...]
     names: tuple[str, ...]
     manifest_sha256: str = ""
+    masks: tuple[np.memmap, ...] | None = None
+    eval_split: Dataset | None = None
 
     @property
     def num_tokens(self) -> int:
         return sum(s.size for s in self.shards)
 
 
+def _open_file(
+    root: Path, name: str, *, magic: bytes, dtype: np.dtype, tokens: int, sha256: str, verify: bool
+) -> np.memmap:
+    path = root / name
+    if not path.is_file():
+        raise ShardError(str(path), "missing")
+    with path.open("rb") as f:
+        raw = f.read(HEADER.size)
+    if len(raw) < HEADER.size:
+        raise ShardError(str(path), "shorter than its header")
+    found, version, itemsize, count = HEADER.unpack(raw)
+    if found != magic or version != FORMAT_VERSION or itemsize != dtype.itemsize:
+        raise ShardError(
+            str(path),
+            f"bad header (magic {found!r}, version {version}, {itemsize} bytes per token; "
+            f"expected {magic!r}, {FORMAT_VERSION}, {dtype.itemsize})",
+        )
+    if count != tokens or path.stat().st_size != HEADER.size + count * itemsize:
+        raise ShardError(
+            str(path), f"holds {path.stat().st_size} bytes, the manifest says {tokens} tokens"
+        )
+    if verify and _sha256(path) != sha256:
+        raise ShardError(str(path), "checksum mismatch (SHA-256 differs from the manifest)")
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER.size, shape=(count,))
+
+
+def _open_split(
+    root: Path, entries: list[dict[str, Any]], dtype: np.dtype, *, masked: bool, verify: bool
+) -> tuple[tuple[np.memmap, ...], tuple[str, ...], tuple[np.memmap, ...] | None]:
+    maps, names, masks = [], [], []
+    for entry in entries:
+        count = entry["tokens"]
+        maps.append(
+            _open_file(
+                root,
+                entry["name"],
+                magic=MAGIC,
+                dtype=dtype,
+                tokens=count,
+                sha256=entry["sha256"],
+                verify=verify,
+            )
+        )
+        names.append(entry["name"])
+        if masked:
+            if "mask" not in entry:
+                raise ShardError(str(root / entry["name"]), "the manifest gives it no mask")
+            mask = entry["mask"]
+            masks.append(
+                _open_file(
+                    root,
+                    mask["name"],
+                    magic=MASK_MAGIC,
+                    dtype=_MASK_DTYPE,
+                    tokens=count,
+                    sha256=mask["sha256"],
+                    verify=verify,
+                )
+            )
+    return tuple(maps), tuple(names), tuple(masks) if masked else None
+
+
 def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
-    """Opens a directory written by :func:`write_dataset`, checking each shard's header and size
-    and (with ``verify``, the default) its SHA-256 against the manifest; the dataset carries the
-    manifest's SHA-256.
+    """Opens a directory written by :func:`write_dataset` or :func:`write_split_dataset`,
+    checking each shard's (and mask's) header and size and (with ``verify``, the default) its
+    SHA-256 against the manifest; the dataset, and its held-out split, carry the manifest's
+    SHA-256.
 
     Raises:
         ShardError: the manifest or a shard is missing or wrong; the message names the shard.
@@ -172,41 +353,26 @@ def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
         manifest = json.loads(raw_manifest)
         entries = manifest["shards"]
         dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+        version = manifest.get("format_version", 1)
+        masked = bool(manifest.get("masked", False))
+        eval_entries = manifest.get("eval_shards", [])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ShardError(str(root / MANIFEST), f"unreadable manifest ({e})") from e
-    maps, names = [], []
-    for entry in entries:
-        path = root / entry["name"]
-        if not path.is_file():
-            raise ShardError(str(path), "missing")
-        with path.open("rb") as f:
-            raw = f.read(HEADER.size)
-        if len(raw) < HEADER.size:
-            raise ShardError(str(path), "shorter than its header")
-        magic, version, itemsize, count = HEADER.unpack(raw)
-        if magic != MAGIC or version != FORMAT_VERSION or itemsize != dtype.itemsize:
-            raise ShardError(
-                str(path),
-                f"bad header (magic {magic!r}, version {version}, {itemsize} bytes per token; "
-                f"expected {MAGIC!r}, {FORMAT_VERSION}, {dtype.itemsize})",
-            )
-        if count != entry["tokens"] or path.stat().st_size != HEADER.size + count * itemsize:
-            raise ShardError(
-                str(path),
-                f"holds {path.stat().st_size} bytes, the manifest says {entry['tokens']} tokens",
-            )
-        if verify and _sha256(path) != entry["sha256"]:
-            raise ShardError(str(path), "checksum mismatch (SHA-256 differs from the manifest)")
-        maps.append(np.memmap(path, dtype=dtype, mode="r", offset=HEADER.size, shape=(count,)))
-        names.append(entry["name"])
-    return Dataset(
-        root,
-        manifest["tokenizer"],
-        int(manifest["vocab_size"]),
-        tuple(maps),
-        tuple(names),
-        hashlib.sha256(raw_manifest).hexdigest(),
-    )
+    if version not in MANIFEST_VERSIONS:
+        raise ShardError(
+            str(root / MANIFEST),
+            f"format_version {version!r} is unknown; this trainer reads {MANIFEST_VERSIONS}",
+        )
+    digest = hashlib.sha256(raw_manifest).hexdigest()
+    tokenizer, vocab_size = manifest["tokenizer"], int(manifest["vocab_size"])
+    maps, names, masks = _open_split(root, entries, dtype, masked=masked, verify=verify)
+    held_out = None
+    if eval_entries:
+        eval_maps, eval_names, eval_masks = _open_split(
+            root, eval_entries, dtype, masked=masked, verify=verify
+        )
+        held_out = Dataset(root, tokenizer, vocab_size, eval_maps, eval_names, digest, eval_masks)
+    return Dataset(root, tokenizer, vocab_size, maps, names, digest, masks, held_out)
 
 
 class WindowSampler:
@@ -239,16 +405,36 @@ class WindowSampler:
         self._ends = np.cumsum(windows)
         self._starts = self._ends - windows
 
-    def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets, int64 ``(micro_batch, seq_len)`` CPU tensors, for this rank."""
+    def _picks(self, step: int) -> np.ndarray:
+        """Window starts of the step's whole global batch, in block order."""
         rng = np.random.Generator(np.random.PCG64([self.seed, step]))
-        picks = rng.integers(
-            0, int(self._ends[-1]), size=self.micro_batch * self.world_size * self.grad_accum
-        )
-        block = micro_step * self.world_size + self.rank
-        picks = picks[block * self.micro_batch : (block + 1) * self.micro_batch]
+        size = self.micro_batch * self.world_size * self.grad_accum
+        return rng.integers(0, int(self._ends[-1]), size=size)
+
+    def _locate(self, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shard_ids = np.searchsorted(self._ends, picks, side="right")
-        offsets = picks - self._starts[shard_ids]
+        return shard_ids, picks - self._starts[shard_ids]
+
+    def trained_targets(self, step: int) -> int:
+        """Targets of the step's whole global batch (every rank, every micro-step) whose mask
+        is 1; all of them for a dataset without masks. Host-side, from ``(seed, step)`` alone,
+        so every rank knows it without communicating."""
+        picks = self._picks(step)
+        if self.dataset.masks is None:
+            return picks.size * self.seq_len
+        masks = self.dataset.masks
+        shard_ids, offsets = self._locate(picks)
+        return sum(
+            int(np.count_nonzero(masks[s][o + 1 : o + self.seq_len + 1]))
+            for s, o in zip(shard_ids, offsets, strict=True)
+        )
+
+    def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, int64 ``(micro_batch, seq_len)`` CPU tensors, for this rank;
+        a target whose mask is 0 is :data:`IGNORE_INDEX`."""
+        block = micro_step * self.world_size + self.rank
+        picks = self._picks(step)[block * self.micro_batch : (block + 1) * self.micro_batch]
+        shard_ids, offsets = self._locate(picks)
         span = self.seq_len + 1
         rows = np.empty((self.micro_batch, span), dtype=np.int64)
         for i, (s, o) in enumerate(zip(shard_ids, offsets, strict=True)):
@@ -257,4 +443,9 @@ class WindowSampler:
         import torch
 
         t = torch.from_numpy(rows)
-        return t[:, :-1], t[:, 1:]
+        if self.dataset.masks is None:
+            return t[:, :-1], t[:, 1:]
+        targets = rows[:, 1:].copy()
+        for i, (s, o) in enumerate(zip(shard_ids, offsets, strict=True)):
+            targets[i][self.dataset.masks[s][o + 1 : o + span] == 0] = IGNORE_INDEX
+        return t[:, :-1], torch.from_numpy(targets)

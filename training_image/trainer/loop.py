@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from trainer import device, hf, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
-from trainer.data import Dataset, ShardError, WindowSampler, open_dataset
+from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
 from trainer.metrics import MetricsLog, mfu
 from trainer.model import GPT
 
@@ -97,6 +97,82 @@ def _model_label(cfg: TrainConfig) -> str:
     return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
 
 
+def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> WindowSampler | None:
+    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval: this rank's
+    ``cfg.batch_per_rank`` rows of each of the batches ``0 .. eval_batches - 1``, drawn with
+    ``cfg.seed``, the same batches at every eval; None when eval is off.
+
+    Raises:
+        ValueError: eval is on but the dataset has no held-out split, or one too short for a
+            window.
+    """
+    if not cfg.eval_every:
+        return None
+    if dataset.eval_split is None:
+        raise ValueError(
+            f"eval_every {cfg.eval_every} needs a held-out split; {dataset.root} has none "
+            "(prepare-data --tokenizer ... --eval-fraction F writes one)"
+        )
+    try:
+        return WindowSampler(
+            dataset.eval_split,
+            seq_len=cfg.model.seq_len,
+            micro_batch=cfg.batch_per_rank,
+            seed=cfg.seed,
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+        )
+    except ValueError:
+        raise ValueError(
+            f"the held-out split of {dataset.root} has no shard of {cfg.model.seq_len + 1} "
+            "tokens (seq_len + 1) for eval; prepare the data with a larger --eval-fraction"
+        ) from None
+
+
+def evaluate(
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    sampler: WindowSampler,
+    num_batches: int,
+    backend: device.Backend,
+    ranks: parallel.Ranks,
+) -> tuple[float | None, int]:
+    """Mean cross-entropy over every trained target of ``num_batches`` held-out batches, on all
+    ranks (summed over ranks, so every rank gets the same value), without gradients; returns
+    the loss (None when no target is trained: JSON has no NaN) and the number of targets. A
+    batch without trained targets adds nothing."""
+    total = torch.zeros(2, device=backend.device)
+    source = (sampler.batch(k) for k in range(num_batches))
+    # eager_on_recompile: the forward was compiled with gradients; eval runs it without, and a
+    # second graph for a few batches is not worth compiling (nor an error under
+    # fail_on_recompile).
+    with torch.no_grad(), torch.compiler.set_stance("eager_on_recompile"):
+        for x, y in backend.batches(source):
+            count = (y != IGNORE_INDEX).sum()
+            with backend.autocast():
+                loss = forward(x, _no_empty_mean(y, count)).float()
+            total += torch.stack([torch.where(count > 0, loss * count, 0.0), count.float()])
+            backend.step_boundary()
+    loss_sum, targets = (parallel.all_mean(total, ranks) * ranks.world_size).tolist()
+    return (loss_sum / targets if targets else None), int(targets)
+
+
+def _target_weight(
+    sampler: WindowSampler, step: int, ranks: parallel.Ranks, backend: device.Backend
+) -> torch.Tensor:
+    """``world_size / trained targets of the step`` (0 when there are none), a device tensor:
+    gradients are averaged over ranks, so each rank's sum is scaled by the world size. A tensor
+    rather than a number, so that a lazy (XLA) graph takes it as an input, not a constant."""
+    targets = sampler.trained_targets(step)
+    return torch.tensor(ranks.world_size / targets if targets else 0.0, device=backend.device)
+
+
+def _no_empty_mean(targets: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``targets``, or all zeros when none is trained (``count`` 0): the mean over no target is
+    NaN, and its backward divides by a zero weight; token 0 gives a finite loss that the caller
+    weights by 0. On the device, without a host read."""
+    return torch.where(count > 0, targets, torch.zeros_like(targets))
+
+
 def _num_params(cfg: TrainConfig) -> int:
     """The preset's parameter count, from a model on the meta device (no memory, no init)."""
     with torch.device("meta"):
@@ -147,6 +223,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         world_size=ranks.world_size,
         grad_accum=cfg.grad_accum,
     )
+    held_out = eval_sampler(cfg, dataset, ranks)
 
     torch.manual_seed(cfg.seed)
     gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
@@ -197,10 +274,23 @@ def train(cfg: TrainConfig) -> TrainResult:
                 min_ratio=cfg.min_lr_ratio,
             )
             optim.set_lr(optimizer, lr)
+            weight = (
+                None if dataset.masks is None else _target_weight(sampler, step, ranks, backend)
+            )
             for micro in range(cfg.grad_accum):
                 x, y = next(batches)
+                if weight is not None:
+                    count = (y != IGNORE_INDEX).sum()
+                    y = _no_empty_mean(y, count)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
-                    loss = forward(x, y) / cfg.grad_accum
+                    loss = forward(x, y)
+                if weight is None:
+                    loss = loss / cfg.grad_accum
+                else:
+                    # The micro-batch's sum over its trained targets, over the step's count: the
+                    # step's loss is the mean over every trained target however ranks and
+                    # micro-steps split it.
+                    loss = torch.where(count > 0, loss * count, 0.0) * weight
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += loss.detach()
             backend.reduce_gradients(optimizer, ranks.world_size)
@@ -236,6 +326,12 @@ def train(cfg: TrainConfig) -> TrainResult:
                 loss_sum.zero_()
                 logged_steps = 0
                 interval_start = time.perf_counter()
+
+            if held_out is not None and step % cfg.eval_every == 0:
+                eval_loss, eval_targets = evaluate(
+                    forward, held_out, cfg.eval_batches, backend, ranks
+                )
+                log.write_eval({"step": step, "eval_loss": eval_loss, "eval_tokens": eval_targets})
 
             preempted = parallel.any_rank(stop.set, ranks, control)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+TRAIN = "train"
+EVAL = "eval"
+
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak; None when the peak is
@@ -48,6 +51,13 @@ class MetricsLog:
             )
             self.stream.flush()
 
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """Appends an eval record (``step``, ``eval_loss``, ``eval_tokens``), marked
+        ``"kind": "eval"``; the progress line is left as it is."""
+        if self._file is not None:
+            self._file.write(json.dumps({"kind": EVAL, **record}) + "\n")
+            self._file.flush()
+
     def close(self) -> None:
         if self.progress:
             self.stream.write("\n")
@@ -55,12 +65,14 @@ class MetricsLog:
             self._file.close()
 
 
-def read(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a metrics file; when steps repeat (a resumed run re-trains the steps after its
+def read(path: str | Path, kind: str = TRAIN) -> list[dict[str, Any]]:
+    """Records of a metrics file of one ``kind``: :data:`TRAIN` (default; records without a
+    ``kind``) or :data:`EVAL`. When steps repeat (a resumed run re-trains the steps after its
     last checkpoint), the later record wins."""
     by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
             record = json.loads(line)
-            by_step[record["step"]] = record
+            if record.get("kind", TRAIN) == kind:
+                by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]

@@ -1,0 +1,246 @@
+"""Documents tokenized with a model's own tokenizer, for ``trn-train prepare-data --tokenizer``.
+
+The tokenizer is loaded from a local model directory with ``transformers.AutoTokenizer`` (the
+``tokenizer.json`` of the ``tokenizers`` library, with ``tokenizer_config.json`` for the special
+tokens and the chat template). Three input formats:
+
+- ``text``: the whole file is one document.
+- ``jsonl``: one document per line, its ``text`` field.
+- ``chat``: one conversation per line, its ``messages`` list (``role`` and ``content``), rendered
+  with the tokenizer's chat template; only assistant tokens are trained (the loss mask).
+
+Documents are tokenized as the tokenizer does by default (``add_special_tokens=True``: a BOS
+where the model's tokenizer adds one) and each is followed by the EOS token; a chat rendering
+holds the template's own special tokens, and gets the EOS only when it does not already end
+with it.
+
+Finding the assistant tokens of a conversation: a template with ``{% generation %}`` blocks is
+asked directly (``apply_chat_template(..., return_assistant_tokens_mask=True)``). Otherwise the
+conversation is rendered as text once per assistant message: the messages before it with the
+generation prompt (``P``) and up to and including it (``F``). The characters between ``len(P)``
+and ``len(F)`` are that reply (with the template's end-of-turn marker), provided each rendering
+is a prefix of the next and of the whole conversation; the tokens whose characters start there
+are trained (character offsets, so a merge across the boundary cannot shift the span). A
+template for which neither holds (no generation blocks, and renderings that are not prefixes of
+one another, as with templates that drop earlier turns' reasoning) is refused with an error that
+names the line, rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("text", "jsonl", "chat")
+ROLES = ("system", "user", "assistant", "tool")
+_GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+class InputError(ValueError):
+    """Input that cannot be tokenized; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document's token ids and, for chat, its loss mask (1: trained); ``mask`` is None
+    when every token is trained."""
+
+    tokens: np.ndarray
+    mask: np.ndarray | None = None
+
+
+class HfTokenizer:
+    """A model directory's tokenizer: ids, EOS, vocabulary size and an identity for manifests.
+
+    Raises:
+        InputError: the directory holds no loadable tokenizer, or the tokenizer has no EOS token.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise InputError(f"--tokenizer {str(directory)!r} is not a directory")
+        try:
+            self.tok: Any = AutoTokenizer.from_pretrained(
+                str(self.directory), local_files_only=True
+            )
+        except (OSError, ValueError) as error:
+            raise InputError(
+                f"--tokenizer {str(directory)!r}: no tokenizer loads from it ({error})"
+            ) from error
+        if self.tok.eos_token_id is None:
+            raise InputError(
+                f"--tokenizer {str(directory)!r} has no EOS token (eos_token in "
+                "tokenizer_config.json); documents are separated by it"
+            )
+        self.eos_id = int(self.tok.eos_token_id)
+        self.vocab_size = len(self.tok)
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """``tokenizer`` (``hf:<directory name>``) and ``tokenizer_sha256``: the SHA-256 of
+        ``tokenizer.json`` (of ``tokenizer_config.json`` and the chat template too, as they set
+        the special tokens and the rendering), for the manifest."""
+        h = hashlib.sha256()
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            path = self.directory / name
+            if path.is_file():
+                h.update(name.encode() + b"\0" + path.read_bytes())
+        return {"tokenizer": f"hf:{self.directory.name}", "tokenizer_sha256": h.hexdigest()}
+
+    def text(self, text: str) -> Document:
+        ids = self.tok(text)["input_ids"]
+        return Document(np.asarray([*ids, self.eos_id], dtype=np.int64))
+
+    def chat(self, messages: list[dict[str, str]], where: str) -> Document:
+        template = self.tok.get_chat_template() if self.tok.chat_template else None
+        if template is None:
+            raise InputError(f"{where}: --tokenizer {self.directory} has no chat template")
+        if _GENERATION_BLOCK.search(template):
+            out = self.tok.apply_chat_template(
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+            ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+        else:
+            ids, mask = self._chat_by_prefixes(messages, where)
+        if not ids or ids[-1] != self.eos_id:
+            ids, mask = [*ids, self.eos_id], [*mask, 0]
+        return Document(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.uint8))
+
+    def _render(self, messages: list[dict[str, str]], *, prompt: bool) -> str:
+        text: str = self.tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt
+        )
+        return text
+
+    def _chat_by_prefixes(
+        self, messages: list[dict[str, str]], where: str
+    ) -> tuple[list[int], list[int]]:
+        full = self._render(messages, prompt=False)
+        spans: list[tuple[int, int]] = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], prompt=True) if i else ""
+            upto = self._render(messages[: i + 1], prompt=False)
+            if not (upto.startswith(before) and full.startswith(upto)):
+                raise InputError(
+                    f"{where}: the chat template renders message {i} so that the conversation "
+                    "is not a continuation of its prefixes, and it has no {% generation %} "
+                    "blocks; the assistant tokens cannot be found"
+                )
+            spans.append((len(before), len(upto)))
+        enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        mask = [
+            int(any(lo <= start < hi for lo, hi in spans) and end > start)
+            for start, end in enc["offset_mapping"]
+        ]
+        return ids, mask
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(f"{where}: not valid JSON ({error.msg})") from error
+            if not isinstance(record, dict):
+                raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield where, record
+
+
+def _messages(where: str, record: dict[str, Any]) -> list[dict[str, str]]:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InputError(f"{where}: field 'messages' must be a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InputError(f"{where}: messages[{i}] must be an object with role and content")
+        role = message.get("role")
+        if role not in ROLES:
+            raise InputError(
+                f"{where}: messages[{i}].role {role!r} is unknown; allowed: {', '.join(ROLES)}"
+            )
+        if not isinstance(message.get("content"), str):
+            raise InputError(f"{where}: messages[{i}].content must be a string")
+    return messages
+
+
+def documents(tokenizer: HfTokenizer, path: Path, fmt: str) -> Iterator[Document]:
+    """The documents of ``path`` in ``fmt`` (one of :data:`FORMATS`), tokenized.
+
+    Raises:
+        InputError: unknown format, a missing or empty file, a line that is not a JSON object,
+            a missing ``text``/``messages`` field, an unknown role; the message names the line.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise InputError(f"--input {str(path)!r} is not a file")
+    if fmt == "text":
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise InputError(f"--input {str(path)!r} is empty")
+        yield tokenizer.text(text)
+        return
+    count = 0
+    for where, record in _json_lines(path):
+        count += 1
+        if fmt == "jsonl":
+            value = record.get("text")
+            if not isinstance(value, str):
+                raise InputError(f"{where}: field 'text' must be a string, got {value!r:.40}")
+            yield tokenizer.text(value)
+        else:
+            yield tokenizer.chat(_messages(where, record), where)
+    if not count:
+        raise InputError(f"--input {str(path)!r} is empty (no JSON lines)")
+
+
+def prepare(
+    out: Path,
+    tokenizer_dir: str | Path,
+    input_path: Path,
+    fmt: str,
+    *,
+    eval_fraction: float = 0.01,
+    shard_tokens: int = 1 << 24,
+) -> dict[str, object]:
+    """``trn-train prepare-data --tokenizer``: tokenizes ``input_path`` in ``fmt`` with the
+    tokenizer of ``tokenizer_dir`` and writes the format-2 dataset (held-out tail of
+    ``eval_fraction``, default 1%; shards of ``shard_tokens``, default 16M) under ``out``;
+    returns the manifest.
+
+    Raises:
+        InputError: see :class:`HfTokenizer` and :func:`documents`.
+        ValueError: ``eval_fraction`` outside [0, 0.5].
+    """
+    from trainer import data
+
+    data.eval_tokens_for(0, eval_fraction)  # refuses a bad fraction before any tokenizing
+    tokenizer = HfTokenizer(tokenizer_dir)
+    # Held in memory (at the shards' dtype) because the held-out split is the stream's tail.
+    dtype = data.dtype_for_vocab(tokenizer.vocab_size)
+    docs = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, input_path, fmt)]
+    return data.write_split_dataset(
+        out,
+        docs,
+        vocab_size=tokenizer.vocab_size,
+        identity={**tokenizer.identity, "eos_token_id": tokenizer.eos_id},
+        eval_fraction=eval_fraction,
+        shard_tokens=shard_tokens,
+    )
