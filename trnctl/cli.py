@@ -255,7 +255,13 @@ app.add_typer(data_app, name="data")
 
 @data_app.command("stage")
 def data_stage(
-    source: Annotated[Path, typer.Argument(help="A text file, or a directory of *.txt files.")],
+    source: Annotated[
+        Path,
+        typer.Argument(
+            help="A text file, a directory of *.txt files (byte tokenizer), or a directory "
+            "written by `trn-train prepare-data` (staged as it is)."
+        ),
+    ],
     dest: Annotated[
         str, typer.Argument(help="s3://BUCKET/PREFIX, or with --env a prefix in its bucket.")
     ],
@@ -274,8 +280,9 @@ def data_stage(
     ] = None,
     region: RegionOption = None,
 ) -> None:
-    """Tokenize and shard text in the trainer's format and upload it; a rerun skips shards that
-    are already uploaded intact."""
+    """Tokenize and shard text in the trainer's format (or take a directory `trn-train
+    prepare-data` wrote, after checking every file's SHA-256) and upload it; a rerun skips files
+    that are already uploaded intact."""
     # trnctl.data imports the trainer and with it torch, which only this command needs.
     from trnctl import data
 
@@ -285,17 +292,22 @@ def data_stage(
         region = outputs.region
     else:
         location = transfer.S3Prefix.parse(dest)
-    files = data.source_files(source)
+    prepared = data.is_prepared(source)
+    origin = "prepared" if prepared else f"{len(data.source_files(source))} files"
     s3 = aws.client("s3", _region(region))
     with tempfile.TemporaryDirectory(prefix="trnctl-stage-") as scratch:
-        workdir = work_dir if work_dir is not None else Path(scratch)
-        manifest = data.build_shards(source, workdir, shard_tokens=shard_tokens)
+        workdir = source if prepared else (work_dir or Path(scratch))
+        manifest = (
+            data.check_prepared(source)
+            if prepared
+            else data.build_shards(source, workdir, shard_tokens=shard_tokens)
+        )
         items = data.uploads(workdir, manifest, location)
         digest = data.manifest_sha256(workdir)
         todo = _upload(s3, items, location, part_size_mib)
     tokens = sum(int(s["tokens"]) for s in manifest["shards"])
     _console().print(
-        f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {len(files)} files) at "
+        f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {origin}) at "
         f"{location}: uploaded {len(todo)}, skipped {len(items) - len(todo)} "
         f"already intact; manifest sha256 {digest}",
         soft_wrap=True,

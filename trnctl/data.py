@@ -15,6 +15,7 @@ manifest's SHA-256 (:func:`manifest_sha256`, which pins every shard's) in its ch
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,30 @@ def build_shards(
     return manifest
 
 
+def is_prepared(source: Path) -> bool:
+    """True when ``source`` is a directory that ``trn-train prepare-data`` wrote (it holds a
+    ``manifest.json``): staged as it is, not tokenized again."""
+    return source.is_dir() and (source / shard_format.MANIFEST).is_file()
+
+
+def check_prepared(source: Path) -> dict[str, Any]:
+    """The manifest of a prepared dataset, after the trainer's reader has checked every file it
+    names (headers, sizes and full SHA-256s of shards, masks and held-out shards).
+
+    Raises:
+        TrnctlError: a file is missing, truncated or fails its checksum (USAGE); nothing is
+            uploaded.
+    """
+    try:
+        shard_format.open_dataset(source, verify=True)
+    except shard_format.ShardError as error:
+        raise TrnctlError(
+            f"prepared dataset {str(source)!r}: {error}; run `trn-train prepare-data` again"
+        ) from error
+    manifest: dict[str, Any] = json.loads((source / shard_format.MANIFEST).read_text())
+    return manifest
+
+
 def manifest_sha256(workdir: Path) -> str:
     """The SHA-256 of the staged ``manifest.json``: the dataset's identity, as the trainer
     records it in each checkpoint."""
@@ -89,10 +114,12 @@ def manifest_sha256(workdir: Path) -> str:
 
 
 def uploads(workdir: Path, manifest: dict[str, Any], dest: S3Prefix) -> list[Upload]:
-    """The shards in manifest order, then the manifest itself, so that a reader never finds a
-    manifest that names a shard not yet uploaded."""
+    """Every file the manifest names (shards, their masks, held-out shards) in manifest order,
+    then the manifest itself, so that a reader never finds a manifest that names a file not yet
+    uploaded."""
     items = [
-        Upload(workdir / s["name"], dest.key(s["name"]), s["sha256"]) for s in manifest["shards"]
+        Upload(workdir / name, dest.key(name), digest)
+        for name, digest in shard_format.dataset_files(manifest)
     ]
     manifest_path = workdir / shard_format.MANIFEST
     digest = manifest_sha256(workdir)

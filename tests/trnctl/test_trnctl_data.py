@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from trainer import data as shard_format
@@ -269,4 +270,58 @@ def test_staging_hashes_every_shard_before_it_uploads(
     monkeypatch.setattr(shard_format, "write_shard", write_then_flip)
     with pytest.raises(shard_format.ShardError, match=r"shard_00000\.bin: checksum mismatch"):
         data.build_shards(corpus, corpus.parent / "work", shard_tokens=SHARD_TOKENS)
+    assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
+
+
+def _prepared(root: Path) -> Path:
+    """A dataset as `trn-train prepare-data --tokenizer --format chat` writes it (format 2: a
+    mask stream, a held-out split), made with the trainer's own writer."""
+    rng = np.random.default_rng(0)
+    documents = [
+        (rng.integers(0, 1000, 400).astype(np.uint32), (np.arange(400) % 3 == 0).astype(np.uint8))
+        for _ in range(5)
+    ]
+    identity = {"tokenizer": "hf:tiny", "tokenizer_sha256": "0" * 64, "eos_token_id": 2}
+    shard_format.write_split_dataset(
+        root, documents, vocab_size=1000, identity=identity, eval_fraction=0.1, shard_tokens=700
+    )
+    return root
+
+
+def test_a_prepared_dataset_is_staged_as_it_is_masks_and_held_out_split_too(
+    trnctl: Any, s3: Any, tmp_path: Path
+) -> None:
+    prepared = _prepared(tmp_path / "chats")
+    manifest = json.loads((prepared / "manifest.json").read_text())
+
+    run = stage(trnctl, prepared, f"s3://{BUCKET}/chats-v1")
+
+    assert run.exit_code == 0, run.stderr
+    assert "staged 3 shards (1,800 tokens, prepared)" in run.stdout
+    back = download(s3, "chats-v1/", tmp_path / "back")
+    names = {p.name for p in back.iterdir()}
+    assert names == {p.name for p in prepared.iterdir()}
+    assert any(n.endswith(".mask") for n in names) and any(n.startswith("eval_") for n in names)
+    assert (back / "manifest.json").read_text() == (prepared / "manifest.json").read_text()
+    dataset = shard_format.open_dataset(back, verify=True)
+    assert dataset.eval_split is not None
+    assert manifest["masked"] is True
+    again = stage(trnctl, prepared, f"s3://{BUCKET}/chats-v1")
+    assert f"uploaded 0, skipped {len(names)} already intact" in again.stdout
+
+
+def test_a_prepared_dataset_that_fails_its_checks_is_not_uploaded(
+    trnctl: Any, s3: Any, tmp_path: Path
+) -> None:
+    prepared = _prepared(tmp_path / "chats")
+    mask = prepared / "shard_00000.mask"
+    raw = bytearray(mask.read_bytes())
+    raw[-1] ^= 0x01
+    mask.write_bytes(bytes(raw))
+
+    run = stage(trnctl, prepared, f"s3://{BUCKET}/chats-v1")
+
+    assert run.exit_code == 2
+    assert run.stderr.startswith(f"trnctl: prepared dataset {str(prepared)!r}: ")
+    assert "shard_00000.mask" in run.stderr and "prepare-data` again" in run.stderr
     assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
