@@ -545,6 +545,26 @@ def job_submit(
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
     log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len",
+            min=1,
+            help="Tokens per sequence; default: the preset's, or 2048 capped at the model's "
+            "max_position_embeddings.",
+        ),
+    ] = None,
+    eval_every: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-every",
+            min=0,
+            help="Held-out loss every N steps (data prepared with --eval-fraction); 0: off.",
+        ),
+    ] = None,
+    eval_batches: Annotated[
+        int | None, typer.Option("--eval-batches", min=1, help="Held-out batches per eval.")
+    ] = None,
     precompile: Annotated[
         bool,
         typer.Option(
@@ -575,6 +595,9 @@ def job_submit(
         model=model_name,
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
+        seq_len=seq_len,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
     )
     outputs = _outputs(env, region)
     spec = _spec(outputs)

@@ -103,6 +103,9 @@ class TrainingArgs:
     model: str | None = None
     lora_rank: int | None = None
     lora_alpha: float | None = None
+    seq_len: int | None = None
+    eval_every: int | None = None
+    eval_batches: int | None = None
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.model is None):
@@ -145,6 +148,9 @@ class TrainingArgs:
             ("--log-every", self.log_every),
             ("--seed", self.seed),
             ("--lora-rank", self.lora_rank),
+            ("--seq-len", self.seq_len),
+            ("--eval-every", self.eval_every),
+            ("--eval-batches", self.eval_batches),
         ):
             if value is not None:
                 argv += [flag, str(value)]

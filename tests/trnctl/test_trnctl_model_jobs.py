@@ -211,12 +211,15 @@ def test_the_trainer_parses_a_model_job_s_arguments() -> None:
     """The arguments a --model TrainJob hands the entrypoint are ones `trn-train run` takes."""
     from trainer.cli import _parser
 
-    args = jobs.TrainingArgs(None, "chats", max_steps=3, model="m").argv("ft-1")
+    args = jobs.TrainingArgs(
+        None, "chats", max_steps=3, model="m", seq_len=512, eval_every=50, eval_batches=4
+    ).argv("ft-1")
 
     parsed = _parser().parse_args(["run", *args])
 
     assert parsed.model_dir == "/datasets/models/m"
     assert parsed.data == "/datasets/chats"
+    assert (parsed.seq_len, parsed.eval_every, parsed.eval_batches) == (512, 50, 4)
 
 
 def test_the_trainer_parses_the_export_job_s_arguments() -> None:
