@@ -338,12 +338,14 @@ class Checkpointer:
     Every rank calls :meth:`save` (sharded models gather there); only the main rank writes.
     ``keep`` (default 3) newest checkpoints survive each save. ``model_files`` (default none):
     files copied into each checkpoint's ``model/`` folder (a Hugging Face model's config and
-    tokenizer files).
+    tokenizer files). ``base_model`` (default none): the model directory a run started from,
+    recorded in ``meta.json`` for exports that name it (a PEFT adapter's base model).
     """
 
     store: Store
     keep: int = 3
     model_files: tuple[Path, ...] = ()
+    base_model: str = ""
 
     def save(
         self,
@@ -381,6 +383,8 @@ class Checkpointer:
             for path in self.model_files:
                 shutil.copyfile(path, staged / MODEL_FILES / path.name)
             meta["model_files"] = [path.name for path in self.model_files]
+        if self.base_model:
+            meta["base_model"] = self.base_model
         with (staged / META).open("w") as f:
             json.dump(meta, f)
             f.flush()
@@ -420,6 +424,18 @@ class Checkpointer:
         except (OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
         return [str(f) for f in files]
+
+    def base_model_of(self, name: str) -> str:
+        """The model directory the run of checkpoint ``name`` started from ("" if none was
+        recorded).
+
+        Raises:
+            CheckpointError: ``meta.json`` is unreadable.
+        """
+        try:
+            return str(json.loads(self.store.read(name, META)).get("base_model", ""))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
 
     def model_file(self, name: str, file: str) -> AbstractContextManager[Path]:
         """A local path of carried model file ``file`` of checkpoint ``name`` while the context
@@ -514,7 +530,8 @@ def run_config(
     seed, the global batch (sequences per optimizer step, however ranks and accumulation split
     it), the learning-rate schedule and the data (its manifest's SHA-256); for a run from a
     model directory also the model (``model_id``, see :func:`trainer.hf.fingerprint`), and the
-    sequence length where it was chosen rather than the preset's."""
+    sequence length where it was chosen rather than the preset's, and a LoRA run's rank, alpha
+    and target modules (``lora``)."""
     run: dict[str, object] = {
         "preset": cfg.preset,
         "seed": cfg.seed,
@@ -529,6 +546,8 @@ def run_config(
         run["model"] = model_id
     if model_id is not None or cfg.seq_len:
         run["seq_len"] = cfg.model.seq_len
+    if cfg.lora is not None:
+        run["lora"] = cfg.lora.as_dict()
     return run
 
 

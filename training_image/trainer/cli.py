@@ -108,6 +108,11 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="of the written weights; auto = the model's config.json dtype (float32 if none)",
     )
     export.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="of a LoRA run: the full model with the adapters merged (default: a PEFT adapter)",
+    )
+    export.add_argument(
         "--max-shard-bytes",
         type=int,
         default=5 << 30,
@@ -124,6 +129,24 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         default=d.model_dir,
         help="Hugging Face model directory to fine-tune (config.json, safetensors, tokenizer); "
         "replaces --preset",
+    )
+    run.add_argument(
+        "--lora-rank",
+        type=int,
+        default=d.lora_rank,
+        help="with --model: train LoRA adapters of this rank (>= 1), the weights frozen",
+    )
+    run.add_argument(
+        "--lora-alpha",
+        type=float,
+        default=d.lora_alpha,
+        help="LoRA scale alpha/rank; default: rank",
+    )
+    run.add_argument(
+        "--lora-targets",
+        default=d.lora_targets,
+        help="comma list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
+        "default: q_proj,k_proj,v_proj,o_proj",
     )
     run.add_argument(
         "--seq-len",
@@ -241,7 +264,11 @@ def _hf_command(args: argparse.Namespace) -> int:
         print(json.dumps({"loss": loss, "tokens": tokens}))
         return 0
     written = hf_export.export_checkpoint(
-        args.checkpoint_dir, args.out, dtype=args.dtype, max_shard_bytes=args.max_shard_bytes
+        args.checkpoint_dir,
+        args.out,
+        dtype=args.dtype,
+        max_shard_bytes=args.max_shard_bytes,
+        merge_lora=args.merge_lora,
     )
     print(json.dumps({"out": args.out, "files": written}))
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from trainer.lora import LoraSpec
 
 Parallel = Literal["ddp", "fsdp"]
 
@@ -163,6 +166,11 @@ class TrainConfig:
     rate and parallelism then default to :data:`MODEL_DEFAULTS`. ``seq_len`` 0 keeps the
     preset's, or with ``model_dir`` takes :data:`MODEL_SEQ_LEN` capped at the model's
     ``max_position_embeddings``.
+
+    ``lora_rank`` (default None: full fine-tuning) trains LoRA adapters of that rank on the
+    ``model_dir`` model's ``lora_targets`` (a comma list; default q, k, v and o projections)
+    with its weights frozen, scaled by ``lora_alpha / lora_rank`` (``lora_alpha`` defaults to
+    the rank); see :mod:`trainer.lora`.
     """
 
     preset: str = "tiny"
@@ -194,6 +202,9 @@ class TrainConfig:
     verify_data: bool = False
     eval_every: int = 0
     eval_batches: int = 8
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: str | None = None
 
     @functools.cached_property
     def model(self) -> ModelConfig:
@@ -209,6 +220,17 @@ class TrainConfig:
             return hf.model_config(self.model_dir, seq_len=self.seq_len or None)
         model = preset(self.preset).model
         return dataclasses.replace(model, seq_len=self.seq_len) if self.seq_len else model
+
+    @property
+    def lora(self) -> LoraSpec | None:
+        """The LoRA settings, or None for full fine-tuning.
+
+        Raises:
+            ValueError: see :func:`trainer.lora.spec`.
+        """
+        from trainer import lora
+
+        return lora.spec(self.lora_rank, self.lora_alpha, self.lora_targets, self.model_dir)
 
     @property
     def _defaults(self) -> RunDefaults | Preset:
@@ -240,6 +262,7 @@ class TrainConfig:
         if self.seq_len < 0:
             raise ValueError(f"seq_len must be >= 0 (0: the default), got {self.seq_len}")
         _ = self.model  # a bad config.json or seq_len fails here, before any work
+        _ = self.lora
         if not self.data:
             raise ValueError("data must name a directory made by `trn-train prepare-data`")
         for name in ("max_steps", "grad_accum", "log_every", "keep_checkpoints"):

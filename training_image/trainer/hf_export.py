@@ -1,39 +1,54 @@
 """``trn-train export``: the newest valid checkpoint of a ``--model`` run as a Hugging Face model
 directory, from the checkpoint alone (it carries the model's ``config.json`` and tokenizer
-files, see :class:`trainer.checkpoint.Checkpointer`)."""
+files, see :class:`trainer.checkpoint.Checkpointer`). A LoRA run's checkpoint is written as a
+PEFT adapter directory, or with ``merge_lora`` as the full model with the adapters merged."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from trainer import hf
+from trainer import hf, lora
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
 
 
 def export_checkpoint(
-    checkpoint_dir: str, out: str | Path, *, dtype: str = "auto", max_shard_bytes: int = 5 << 30
+    checkpoint_dir: str,
+    out: str | Path,
+    *,
+    dtype: str = "auto",
+    max_shard_bytes: int = 5 << 30,
+    merge_lora: bool = False,
 ) -> list[str]:
     """Writes the newest valid checkpoint in ``checkpoint_dir`` (a path or ``s3://`` URI) to the
     local directory ``out`` (see :func:`trainer.hf.save_pretrained` for ``dtype`` and
-    ``max_shard_bytes``) with the carried tokenizer files, and returns the files written.
+    ``max_shard_bytes``) with the carried tokenizer files, and returns the files written. The
+    checkpoint of a LoRA run becomes a PEFT adapter directory (see
+    :func:`trainer.lora.save_adapter`), or with ``merge_lora`` (default False) the full model
+    with the adapters merged.
 
     Raises:
-        CheckpointError: no valid checkpoint there, or the newest was not saved by a run from a
-            model directory (it carries no ``config.json``).
+        CheckpointError: no valid checkpoint there, the newest was not saved by a run from a
+            model directory (it carries no ``config.json``), or ``merge_lora`` for a checkpoint
+            of a run without LoRA.
         ValueError: see :func:`trainer.hf.save_pretrained`.
     """
     if not checkpoint_dir.startswith("s3://") and not Path(checkpoint_dir).is_dir():
         raise CheckpointError(f"checkpoint directory {checkpoint_dir} does not exist")
     checkpointer = Checkpointer(open_store(checkpoint_dir))
     try:
-        return _export(checkpointer, checkpoint_dir, out, dtype, max_shard_bytes)
+        return _export(checkpointer, checkpoint_dir, out, dtype, max_shard_bytes, merge_lora)
     finally:
         checkpointer.store.drop_local_copies()  # from S3: this process's downloads
 
 
 def _export(
-    checkpointer: Checkpointer, checkpoint_dir: str, out: str | Path, dtype: str, limit: int
+    checkpointer: Checkpointer,
+    checkpoint_dir: str,
+    out: str | Path,
+    dtype: str,
+    limit: int,
+    merge_lora: bool,
 ) -> list[str]:
     name = checkpointer.newest_valid()
     if name is None:
@@ -46,8 +61,29 @@ def _export(
         )
     with checkpointer.model_file(name, hf.CONFIG) as path:
         raw = json.loads(path.read_text())
+    adapter = (checkpointer.run_of(name) or {}).get("lora")
+    if merge_lora and not isinstance(adapter, dict):
+        raise CheckpointError(
+            f"--merge-lora: checkpoint {name} in {checkpoint_dir} is not of a LoRA run "
+            "(`trn-train run --model DIR --lora-rank R`); export it without --merge-lora"
+        )
     state = checkpointer.load(name, verify=False)["model"]
+    if isinstance(adapter, dict):
+        spec = lora.LoraSpec.from_dict(adapter)
+        if not merge_lora:
+            base = checkpointer.base_model_of(name)
+            written = lora.save_adapter(state, raw, spec, out, base_model=base, dtype=dtype)
+            return written + _copy_carried(checkpointer, name, carried, out)
+        state = lora.merged(state, hf.parse_config(raw, seq_len=1), spec)
     written = hf.save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=limit)
+    return written + _copy_carried(checkpointer, name, carried, out)
+
+
+def _copy_carried(
+    checkpointer: Checkpointer, name: str, carried: list[str], out: str | Path
+) -> list[str]:
+    """Copies the carried files but ``config.json`` (the tokenizer's) into ``out``."""
+    written = []
     for file in carried:
         if file != hf.CONFIG:
             with checkpointer.model_file(name, file) as path:

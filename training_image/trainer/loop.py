@@ -16,7 +16,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from trainer import device, hf, optim, parallel
+from trainer import device, hf, lora, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
@@ -227,6 +227,8 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     torch.manual_seed(cfg.seed)
     gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
+    if cfg.lora is not None:
+        lora.apply(gpt, cfg.model, cfg.lora)  # the optimizer then sees the adapters only
     flops_per_token = gpt.flops_per_token()
     model, forward = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend)
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
@@ -236,6 +238,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             open_store(cfg.checkpoint_dir),
             cfg.keep_checkpoints,
             hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
+            cfg.model_dir,
         )
         if cfg.checkpoint_dir
         else None

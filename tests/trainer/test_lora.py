@@ -1,0 +1,241 @@
+"""LoRA on ``trn-train run --model``: frozen base, adapters trained, exact resume, PEFT adapter
+export that PEFT itself loads, merged export that transformers loads; the flags' errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import hf_tiny
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from trainer import checkpoint, cli, hf, lora, metrics
+from trainer.checkpoint import CheckpointError, RunConfigError
+from trainer.model import GPT
+
+SEQ = 16
+ALL = ",".join(lora.TARGETS)
+
+
+def _run(model: Path, data: Path, ck: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--device",
+        "cpu",
+        "--compile",
+        "none",
+        "--seq-len",
+        str(SEQ),
+        "--micro-batch",
+        "2",
+        "--lr",
+        "1e-2",
+        "--max-steps",
+        "3",
+        "--checkpoint-dir",
+        str(ck),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def _state(ck: Path, step: int) -> dict[str, object]:
+    return torch.load(ck / checkpoint.name_for(step) / checkpoint.STATE, weights_only=True)
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(5))
+
+
+def _ours(source: Path, ck: Path, step: int, spec: lora.LoraSpec) -> torch.Tensor:
+    """Our logits for :func:`_tokens` from the LoRA checkpoint at ``step``."""
+    cfg = hf.model_config(source, seq_len=SEQ)
+    model = lora.apply(GPT(cfg), cfg, spec).eval()
+    model.load_state_dict(_state(ck, step)["model"])  # type: ignore[arg-type]
+    with torch.no_grad():
+        return model.logits(_tokens())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hf_tiny.model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def test_adapters_start_as_peft_does_and_leave_the_model_unchanged(tiny: Path) -> None:
+    cfg = hf.model_config(tiny, seq_len=SEQ)
+    base = hf.load_pretrained(tiny, cfg).eval()
+    with torch.no_grad():
+        before = base.logits(_tokens())
+    spec = lora.LoraSpec(rank=4, alpha=8.0, targets=lora.TARGETS)
+    model = lora.apply(base, cfg, spec)
+    layer = model.blocks[0].attn.qkv
+    assert isinstance(layer, lora.LoraLinear) and isinstance(
+        model.blocks[1].mlp.up, lora.LoraLinear
+    )
+    assert set(layer.lora_A) == {"q_proj", "k_proj", "v_proj"} and layer.scaling == 2.0
+    # kaiming-uniform with a = sqrt(5): bound sqrt(6 / ((1 + 5) * fan_in)) = 1 / sqrt(fan_in).
+    a = layer.lora_A["q_proj"]
+    assert a.shape == (4, 32) and 0 < a.abs().max() <= 1 / math.sqrt(32)
+    assert layer.lora_B["k_proj"].shape == (16, 4) and not layer.lora_B["k_proj"].any()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert len(trainable) == 2 * 7 * cfg.n_layer
+    with torch.no_grad():
+        assert torch.equal(model.logits(_tokens()), before)
+
+
+def test_step_zero_is_the_base_model_and_only_adapters_train(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    source = hf_tiny.model_dir(tmp_path, "qwen2")
+    log = ["--log-every", "1"]
+    full = [*_run(source, corpus_dir, tmp_path / "full", *log, "--max-steps", "1")]
+    assert cli.main([*full, "--metrics", str(tmp_path / "full.jsonl")]) == 0
+    tuned = [*_run(source, corpus_dir, tmp_path / "ck", *log, "--lora-rank", "4")]
+    assert cli.main([*tuned, "--lora-targets", ALL, "--metrics", str(tmp_path / "lora.jsonl")]) == 0
+
+    first_full = metrics.read(tmp_path / "full.jsonl")[0]["loss"]
+    losses = [r["loss"] for r in metrics.read(tmp_path / "lora.jsonl")]
+    assert losses[0] == first_full  # step 1's loss is of the weights before any update
+    assert losses[-1] < losses[0]
+    state = _state(tmp_path / "ck", 3)
+    model = state["model"]
+    assert isinstance(model, dict)
+    base = hf.read_weights(source, hf.model_config(source, seq_len=SEQ))
+    for name, tensor in base.items():
+        assert torch.equal(model[name], tensor), name  # bit-identical: frozen
+    adapters = [n for n in model if ".lora_" in n]
+    assert len(adapters) == 2 * 7 * 2
+    assert all(model[n].any() for n in adapters if ".lora_B." in n)  # trained away from zero
+    optimizer = state["optimizer"]
+    assert isinstance(optimizer, dict)
+    assert set(optimizer["state"]) == set(adapters)  # the optimizer holds the adapters only
+    meta = json.loads((tmp_path / "ck" / checkpoint.name_for(3) / checkpoint.META).read_text())
+    assert meta["run"]["lora"] == {"rank": 4, "alpha": 4.0, "targets": list(lora.TARGETS)}
+    assert meta["base_model"] == str(source)
+
+
+def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path) -> None:
+    source = hf_tiny.model_dir(tmp_path, "llama")
+    args = ["--max-steps", "4", "--checkpoint-every", "2", "--lora-rank", "2"]
+    assert cli.main(_run(source, corpus_dir, tmp_path / "straight", *args)) == 0
+    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
+    shutil.rmtree(tmp_path / "resumed" / checkpoint.name_for(4))  # as if killed after step 2
+    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
+
+    straight, resumed = _state(tmp_path / "straight", 4), _state(tmp_path / "resumed", 4)
+    for key in ("model", "optimizer"):
+        flat_a = torch.utils._pytree.tree_leaves(straight[key])
+        flat_b = torch.utils._pytree.tree_leaves(resumed[key])
+        assert len(flat_a) == len(flat_b)
+        for a, b in zip(flat_a, flat_b, strict=True):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+    with pytest.raises(
+        RunConfigError,
+        match=re.escape(
+            "lora {'rank': 2, 'alpha': 2.0, 'targets': ['q_proj', 'k_proj', "
+            "'v_proj', 'o_proj']} in the checkpoint, {'rank': 3,"
+        ),
+    ):
+        cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"))
+    with pytest.raises(RunConfigError, match=r"lora \{.*\} in the checkpoint, None now"):
+        cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:4]))
+
+
+def test_exported_adapter_loads_with_peft_and_merges_like_it(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    source = hf_tiny.model_dir(tmp_path, "qwen3", tie_word_embeddings=True)
+    ck = tmp_path / "ck"
+    run = [*_run(source, corpus_dir, ck, "--lora-rank", "4", "--lora-alpha", "6")]
+    assert cli.main([*run, "--lora-targets", "q_proj,v_proj,up_proj,down_proj,o_proj"]) == 0
+    spec = lora.LoraSpec(4, 6.0, ("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
+    ours = _ours(source, ck, 3, spec)
+
+    assert cli.main(["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "ad")]) == 0
+    config = json.loads((tmp_path / "ad" / lora.ADAPTER_CONFIG).read_text())
+    assert config["base_model_name_or_path"] == str(source)
+    assert (config["r"], config["lora_alpha"]) == (4, 6)
+    base = AutoModelForCausalLM.from_pretrained(source)
+    peft_model = PeftModel.from_pretrained(base, tmp_path / "ad").eval()
+    with torch.no_grad():
+        theirs = peft_model(input_ids=_tokens()).logits
+        with peft_model.disable_adapter():
+            untuned = peft_model(input_ids=_tokens()).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(theirs, untuned, rtol=1e-3, atol=1e-3)  # the adapters matter
+
+    merge = ["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "m"), "--merge-lora"]
+    assert cli.main(merge) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=_tokens()).logits, ours, rtol=1e-5, atol=1e-5)
+    assert (tmp_path / "m" / "tokenizer.json").is_file()
+
+
+def test_trnctl_s_lora_arguments_make_a_lora_run() -> None:
+    """`trnctl job submit --lora-rank 16 --lora-alpha 32` renders flags `trn-train run` takes."""
+    from trnctl import jobs
+
+    argv = jobs.TrainingArgs(None, "d", model="m", lora_rank=16, lora_alpha=32.0).argv("ft-1")
+    cfg = cli.train_config(cli._parser().parse_args(["run", *argv]))
+    assert cfg.lora == lora.LoraSpec(16, 32.0, lora.DEFAULT_TARGETS)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lora-rank", "0"], "--lora-rank must be >= 1, got 0"),
+        (
+            ["--lora-rank", "2", "--lora-alpha", "0"],
+            "--lora-alpha must be a number above 0, got 0.0",
+        ),
+        (
+            ["--lora-rank", "2", "--lora-alpha", "inf"],
+            "--lora-alpha must be a number above 0, got inf",
+        ),
+        (["--lora-alpha", "8"], "--lora-alpha 8.0 needs --lora-rank"),
+        (["--lora-targets", "q_proj"], "--lora-targets q_proj needs --lora-rank"),
+        (
+            ["--lora-rank", "2", "--lora-targets", "q_proj,lm_head"],
+            "--lora-targets 'q_proj,lm_head': 'lm_head' is not a target module; allowed: a comma "
+            "list of q_proj, k_proj",
+        ),
+        (
+            ["--lora-rank", "2", "--lora-targets", "v_proj,v_proj"],
+            "--lora-targets 'v_proj,v_proj': 'v_proj' is named twice",
+        ),
+        (["--lora-rank", "2", "--lora-targets", ""], "'' is not a target module"),
+    ],
+)
+def test_lora_flag_errors_are_named(
+    flags: list[str], message: str, tiny: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cli.main([*_run(tiny, corpus_dir, tmp_path / "ck"), *flags])
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("step_*"))
+
+
+def test_lora_needs_a_model_and_merge_needs_a_lora_run(
+    tiny: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    preset = ["run", "--data", str(corpus_dir), "--device", "cpu", "--lora-rank", "8"]
+    with pytest.raises(ValueError, match="--lora-rank 8 needs --model: LoRA fine-tunes"):
+        cli.main(preset)
+    ck = tmp_path / "ck"
+    assert cli.main(_run(tiny, corpus_dir, ck, "--max-steps", "1")) == 0
+    with pytest.raises(CheckpointError, match=r"--merge-lora: checkpoint step_00000001 .* is not"):
+        cli.main(
+            ["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "o"), "--merge-lora"]
+        )

@@ -1,0 +1,253 @@
+"""LoRA for runs from a Hugging Face model directory: frozen base weights, trained low-rank
+adapters, exported in PEFT's layout or merged into the weights.
+
+Our attention has one fused ``qkv`` projection and our MLP one fused ``up`` ([gate; up]); each
+Hugging Face module named in the targets (``q_proj`` ... ``down_proj``) gets its own adapter
+pair over its rows of the fused weight, so that the adapters are exactly the ones PEFT would
+train on the transformers model. The modules and their rows come from
+:func:`trainer.hf.weight_names`, the one name mapping.
+
+As PEFT 0.21.2's ``LoraLayer`` (``peft/tuners/lora/layer.py``): ``lora_A`` (rank x in) is
+initialised kaiming-uniform with ``a = sqrt(5)``, ``lora_B`` (out x rank) zero, so that step 0
+is the base model; the update is ``scaling * B @ A`` with ``scaling = alpha / rank``; no dropout
+and no adapter bias.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from trainer import hf
+from trainer.config import ModelConfig
+
+# The Hugging Face module names an adapter may target, and those targeted without --lora-targets.
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# PEFT's file names and the prefix of its saved adapter tensors (peft/utils/constants.py,
+# peft/utils/save_and_load.py at 0.21.2).
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Rank, alpha and target modules of a LoRA run; ``alpha`` defaults to ``rank`` (scaling
+    1, as PEFT's defaults r=8, lora_alpha=8)."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+    def as_dict(self) -> dict[str, object]:
+        return {"rank": self.rank, "alpha": self.alpha, "targets": list(self.targets)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LoraSpec:
+        return cls(int(raw["rank"]), float(raw["alpha"]), tuple(raw["targets"]))
+
+
+def spec(
+    rank: int | None, alpha: float | None, targets: str | None, model_dir: str
+) -> LoraSpec | None:
+    """The :class:`LoraSpec` of the run flags, or None without ``--lora-rank``.
+
+    Raises:
+        ValueError: a flag is out of range (rank below 1, alpha not a finite number above 0,
+            a target not in :data:`TARGETS` or named twice), ``--lora-alpha`` or
+            ``--lora-targets`` without ``--lora-rank``, or LoRA without ``--model``.
+    """
+    if rank is None:
+        for flag, value in (("--lora-alpha", alpha), ("--lora-targets", targets)):
+            if value is not None:
+                raise ValueError(f"{flag} {value} needs --lora-rank")
+        return None
+    if not model_dir:
+        raise ValueError(
+            f"--lora-rank {rank} needs --model: LoRA fine-tunes a Hugging Face model directory"
+        )
+    if rank < 1:
+        raise ValueError(f"--lora-rank must be >= 1, got {rank}")
+    if alpha is not None and not 0 < alpha < math.inf:
+        raise ValueError(f"--lora-alpha must be a number above 0, got {alpha}")
+    return LoraSpec(rank, float(rank) if alpha is None else alpha, parse_targets(targets))
+
+
+def parse_targets(text: str | None) -> tuple[str, ...]:
+    """The modules of a comma list (None: :data:`DEFAULT_TARGETS`), in :data:`TARGETS` order.
+
+    Raises:
+        ValueError: an empty list, an unknown name or one named twice.
+    """
+    if text is None:
+        return DEFAULT_TARGETS
+    names = [n.strip() for n in text.split(",")]
+    allowed = f"allowed: a comma list of {', '.join(TARGETS)}"
+    for name in names:
+        if name not in TARGETS:
+            raise ValueError(f"--lora-targets {text!r}: {name!r} is not a target module; {allowed}")
+        if names.count(name) > 1:
+            raise ValueError(f"--lora-targets {text!r}: {name!r} is named twice; {allowed}")
+    return tuple(t for t in TARGETS if t in names)
+
+
+class LoraLinear(nn.Module):
+    """A frozen linear layer (the fused one's ``weight`` and ``bias``, under the same names)
+    plus adapters ``lora_A.<target>`` and ``lora_B.<target>`` for each targeted part of its
+    rows. ``parts``: every part's Hugging Face module name and rows, in row order."""
+
+    def __init__(self, base: nn.Linear, parts: Sequence[tuple[str, int]], lora: LoraSpec) -> None:
+        super().__init__()
+        self.weight = base.weight
+        self.bias = base.bias
+        self.scaling = lora.scaling
+        self.parts = tuple((name, rows, name in lora.targets) for name, rows in parts)
+        self.lora_A = nn.ParameterDict()
+        self.lora_B = nn.ParameterDict()
+        for name, rows, targeted in self.parts:
+            if targeted:
+                a = torch.empty(lora.rank, base.in_features, device=base.weight.device)
+                nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+                self.lora_A[name] = nn.Parameter(a)
+                self.lora_B[name] = nn.Parameter(
+                    torch.zeros(rows, lora.rank, device=base.weight.device)
+                )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        pieces = torch.split(out, [rows for _, rows, _ in self.parts], dim=-1)
+        updated = [
+            piece + self.scaling * F.linear(F.linear(x, self.lora_A[name]), self.lora_B[name])
+            if targeted
+            else piece
+            for piece, (name, _, targeted) in zip(pieces, self.parts, strict=True)
+        ]
+        return updated[0] if len(updated) == 1 else torch.cat(updated, dim=-1)
+
+
+def _modules(cfg: ModelConfig) -> dict[str, tuple[tuple[str, str, int], ...]]:
+    """Each of our linear layers that holds a possible target: its parts as (Hugging Face
+    module path, target name, rows), from :func:`trainer.hf.weight_names`."""
+    modules = {}
+    for ours, parts in hf.weight_names(cfg).items():
+        paths = [hf_name.removesuffix(".weight") for hf_name, _ in parts]
+        if ours.endswith(".weight") and all(p.rsplit(".", 1)[-1] in TARGETS for p in paths):
+            modules[ours.removesuffix(".weight")] = tuple(
+                (path, path.rsplit(".", 1)[-1], rows)
+                for path, (_, rows) in zip(paths, parts, strict=True)
+            )
+    return modules
+
+
+def apply(model: nn.Module, cfg: ModelConfig, lora: LoraSpec) -> nn.Module:
+    """Freezes every parameter of ``model`` and replaces each linear layer holding a target of
+    ``lora`` by a :class:`LoraLinear` (adapters drawn from torch's global generator). Returns
+    ``model``."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for path, parts in _modules(cfg).items():
+        if not any(target in lora.targets for _, target, _ in parts):
+            continue
+        parent_path, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        base = getattr(parent, attr)
+        setattr(parent, attr, LoraLinear(base, [(t, rows) for _, t, rows in parts], lora))
+    return model
+
+
+def peft_names(cfg: ModelConfig, lora: LoraSpec) -> dict[str, str]:
+    """Our adapter tensors' names to the names PEFT saves them under
+    (``base_model.model.<module>.lora_A.weight``)."""
+    names = {}
+    for path, parts in _modules(cfg).items():
+        for hf_path, target, _ in parts:
+            if target in lora.targets:
+                for kind in ("lora_A", "lora_B"):
+                    names[f"{path}.{kind}.{target}"] = f"{PEFT_PREFIX}{hf_path}.{kind}.weight"
+    return names
+
+
+def merged(
+    state: Mapping[str, torch.Tensor], cfg: ModelConfig, lora: LoraSpec
+) -> dict[str, torch.Tensor]:
+    """``state`` with each adapter merged into its rows of the fused weight
+    (``W + scaling * B @ A``, in FP32) and the adapter tensors left out."""
+    out = {k: v for k, v in state.items() if ".lora_" not in k}
+    for path, parts in _modules(cfg).items():
+        if not any(target in lora.targets for _, target, _ in parts):
+            continue
+        pieces = list(torch.split(out[f"{path}.weight"].float(), [rows for _, _, rows in parts]))
+        for i, (_, target, _) in enumerate(parts):
+            if target in lora.targets:
+                a, b = state[f"{path}.lora_A.{target}"], state[f"{path}.lora_B.{target}"]
+                pieces[i] = pieces[i] + lora.scaling * (b.float() @ a.float())
+        out[f"{path}.weight"] = torch.cat(pieces)
+    return out
+
+
+def save_adapter(
+    state: Mapping[str, torch.Tensor],
+    raw_config: Mapping[str, Any],
+    lora: LoraSpec,
+    out: str | Path,
+    *,
+    base_model: str,
+    dtype: str = "auto",
+) -> list[str]:
+    """Writes the adapters in ``state`` as a PEFT adapter directory ``out`` (created; it must
+    not exist or be empty): ``adapter_model.safetensors`` in PEFT's tensor names and
+    ``adapter_config.json`` (LoRA for a causal LM, ``base_model`` recorded as
+    ``base_model_name_or_path``). ``dtype`` as :func:`trainer.hf.export_dtype`. Returns the
+    names of the files written.
+
+    Raises:
+        HFConfigError: ``raw_config`` is not a supported model.
+        ValueError: ``out`` is not empty, ``dtype`` is unknown, or ``state`` lacks an adapter.
+    """
+    name = hf.export_dtype(raw_config, dtype)
+    if name not in hf.DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf.DTYPES)}")
+    cfg = hf.parse_config(raw_config, seq_len=1)
+    tensors = {}
+    for ours, theirs in peft_names(cfg, lora).items():
+        if ours not in state:
+            raise ValueError(f"the checkpoint's model state lacks the adapter {ours}")
+        tensors[theirs] = state[ours].to(dtype=hf.DTYPES[name], copy=True).contiguous()
+    root = Path(out)
+    if root.exists() and any(root.iterdir()):
+        raise ValueError(f"export directory {root} is not empty; choose a new or empty one")
+    root.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(root / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    alpha: float | int = int(lora.alpha) if lora.alpha.is_integer() else lora.alpha
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": lora.rank,
+        "lora_alpha": alpha,
+        "target_modules": list(lora.targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+    (root / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return [ADAPTER_WEIGHTS, ADAPTER_CONFIG]
