@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -17,7 +15,7 @@ import torch
 from moto import mock_aws
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer import checkpoint, cli, hf, metrics
+from trainer import checkpoint, cli, hf
 from trainer.checkpoint import Checkpointer, CheckpointError, RunConfigError, S3Store
 from trainer.model import GPT
 
@@ -280,25 +278,11 @@ def test_two_fsdp_ranks_fine_tune_like_one(
     """Each rank loads the weights, FSDP2 shards them; per-step losses as one rank accumulating
     over the same global batch, and the gathered checkpoint exports."""
     source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    common = ["--log-every", "1", "--max-steps", "3"]
-    one = [*_run(source, corpus_dir, tmp_path / "one"), *common, "--grad-accum", "2"]
-    assert cli.main([*one, "--metrics", str(tmp_path / "one.jsonl")]) == 0
-    two = [*_run(source, corpus_dir, tmp_path / "two"), *common, "--parallel", "fsdp"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "trainer", *two, "--metrics", "two.jsonl"],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=tmp_path,
+    hf_tiny.one_rank_and_two_fsdp_ranks(
+        lambda ck: [*_run(source, corpus_dir, ck), "--log-every", "1", "--max-steps", "3"],
+        tmp_path,
+        trainer_env,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    ones, twos = metrics.read(tmp_path / "one.jsonl"), metrics.read(tmp_path / "two.jsonl")
-    assert [r["step"] for r in twos] == [1, 2, 3]
-    for a, b in zip(ones, twos, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert (
         cli.main(
             ["export", "--checkpoint-dir", str(tmp_path / "two"), "--out", str(tmp_path / "out")]

@@ -7,8 +7,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import hf_tiny
@@ -192,25 +190,12 @@ def test_two_fsdp_ranks_train_adapters_like_one(
     """FSDP2 shards blocks holding frozen weights and trained adapters together: per-step losses
     and the gathered adapters as one rank accumulating over the same global batch."""
     source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    common = ["--log-every", "1", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj,down_proj"]
-    one = [*_run(source, corpus_dir, tmp_path / "one"), *common, "--grad-accum", "2"]
-    assert cli.main([*one, "--metrics", str(tmp_path / "one.jsonl")]) == 0
-    two = [*_run(source, corpus_dir, tmp_path / "two"), *common, "--parallel", "fsdp"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "trainer", *two, "--metrics", "two.jsonl"],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=tmp_path,
+    lora_flags = ["--lora-rank", "4", "--lora-targets", "q_proj,v_proj,down_proj"]
+    hf_tiny.one_rank_and_two_fsdp_ranks(
+        lambda ck: [*_run(source, corpus_dir, ck), "--log-every", "1", *lora_flags],
+        tmp_path,
+        trainer_env,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    ones, twos = metrics.read(tmp_path / "one.jsonl"), metrics.read(tmp_path / "two.jsonl")
-    assert [r["step"] for r in twos] == [1, 2, 3]
-    for a, b in zip(ones, twos, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     model_one, model_two = (
         _state(tmp_path / "one", 3)["model"],
         _state(tmp_path / "two", 3)["model"],
