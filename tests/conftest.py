@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import botocore.loaders
-import botocore.session
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,8 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # botocore parses its service models once per session (EC2's takes about half a second), and
 # moto and each trnctl command make sessions of their own: share one loader per data path across
 # the test process, as one session shares it across its clients. The models are package files,
-# the same for every session.
-botocore.session.create_loader = functools.cache(botocore.loaders.create_loader)
+# the same for every session. (`make test-xla`'s environment has no AWS SDK.)
+try:
+    import botocore.loaders
+    import botocore.session
+except ImportError:
+    pass
+else:
+    botocore.session.create_loader = functools.cache(botocore.loaders.create_loader)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
