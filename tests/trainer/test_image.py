@@ -295,3 +295,30 @@ def test_the_image_holds_what_the_trainer_imports(stack: str) -> None:
     }
     missing = needed - IMAGE_PYTHON[stack].all
     assert not missing, f"the {stack} image lacks {sorted(missing)}"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Top-level modules ``path`` imports when it is loaded (statements in the module body)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_make_test_xla_installs_what_the_trainer_loads() -> None:
+    """`make test-xla` runs the trainer in its own environment (requirements-xla.txt): every
+    third-party module a trainer module imports when loaded is pinned there."""
+    loaded: set[str] = set()
+    for path in sorted(TRAINER.glob("*.py")):
+        loaded |= _module_level_imports(path)
+    modules = loaded - set(sys.stdlib_module_names) - FIRST_PARTY
+    needed = {DISTRIBUTIONS[m] for m in modules if "xla" in ONLY_ON.get(m, {"xla"})}
+    pinned = {
+        re.sub(r"[-_.]+", "-", line.partition("==")[0].strip().lower())
+        for line in (ROOT / "requirements-xla.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    assert needed <= pinned, f"requirements-xla.txt lacks {sorted(needed - pinned)}"
