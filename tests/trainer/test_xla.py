@@ -8,6 +8,7 @@ gradients are reduced, not what the reduction sums.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -62,7 +63,7 @@ def test_tiny_trains_on_xla_without_recompiling(corpus_dir: Path, tmp_path: Path
     )
     train(cfg)
     compiles = xla_metrics.metric_data("CompileTime")[0]
-    train(TrainConfig(**{**cfg.__dict__, "max_steps": 6, "metrics": str(tmp_path / "m2.jsonl")}))
+    train(dataclasses.replace(cfg, max_steps=6, metrics=str(tmp_path / "m2.jsonl")))
     # Steps 3-6 reuse the graphs of steps 1-2: the step graph is traced once, not per step.
     assert xla_metrics.metric_data("CompileTime")[0] == compiles
     records = metrics.read(tmp_path / "m2.jsonl")
