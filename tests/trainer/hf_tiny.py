@@ -132,3 +132,34 @@ def one_rank_and_two_fsdp_ranks(
     for a, b in zip(ones, twos, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     return ones, twos
+
+
+SEQ_LEN = 16
+
+
+def run_args(model: Path, data: Path, ck: Path, *extra: str, lr: str, max_steps: str) -> list[str]:
+    """A CPU, eager ``trn-train run --model`` command line of ``SEQ_LEN`` tokens, micro batch 2,
+    checkpointing into ``ck``; ``extra`` flags last (a repeated flag overrides)."""
+    return [
+        "run",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--device",
+        "cpu",
+        "--compile",
+        "none",
+        "--seq-len",
+        str(SEQ_LEN),
+        "--micro-batch",
+        "2",
+        "--lr",
+        lr,
+        "--max-steps",
+        max_steps,
+        "--checkpoint-dir",
+        str(ck),
+        "--no-progress",
+        *extra,
+    ]

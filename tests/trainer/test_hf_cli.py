@@ -3,6 +3,7 @@ fine-tune, export, load with transformers, same loss; resume exactness and refus
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -19,33 +20,8 @@ from trainer import checkpoint, cli, hf
 from trainer.checkpoint import Checkpointer, CheckpointError, RunConfigError, S3Store
 from trainer.model import GPT
 
-SEQ = 16
-
-
-def _run(model: Path, data: Path, ck: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--model",
-        str(model),
-        "--data",
-        str(data),
-        "--device",
-        "cpu",
-        "--compile",
-        "none",
-        "--seq-len",
-        str(SEQ),
-        "--micro-batch",
-        "2",
-        "--lr",
-        "3e-3",
-        "--max-steps",
-        "4",
-        "--checkpoint-dir",
-        str(ck),
-        "--no-progress",
-        *extra,
-    ]
+SEQ = hf_tiny.SEQ_LEN
+_run = functools.partial(hf_tiny.run_args, lr="3e-3", max_steps="4")
 
 
 def _state(ck: Path, step: int) -> dict[str, object]:

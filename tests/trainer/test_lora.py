@@ -3,6 +3,7 @@ export that PEFT itself loads, merged export that transformers loads; the flags'
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -19,34 +20,9 @@ from trainer import checkpoint, cli, hf, lora, metrics
 from trainer.checkpoint import CheckpointError, RunConfigError
 from trainer.model import GPT
 
-SEQ = 16
+SEQ = hf_tiny.SEQ_LEN
 ALL = ",".join(lora.TARGETS)
-
-
-def _run(model: Path, data: Path, ck: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--model",
-        str(model),
-        "--data",
-        str(data),
-        "--device",
-        "cpu",
-        "--compile",
-        "none",
-        "--seq-len",
-        str(SEQ),
-        "--micro-batch",
-        "2",
-        "--lr",
-        "1e-2",
-        "--max-steps",
-        "3",
-        "--checkpoint-dir",
-        str(ck),
-        "--no-progress",
-        *extra,
-    ]
+_run = functools.partial(hf_tiny.run_args, lr="1e-2", max_steps="3")
 
 
 def _state(ck: Path, step: int) -> dict[str, object]:
