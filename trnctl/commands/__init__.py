@@ -1,0 +1,1 @@
+"""trnctl's commands, one module per command or command group, named as the command is."""

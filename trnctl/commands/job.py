@@ -1,0 +1,284 @@
+"""`trnctl job submit|export|status|logs`: training jobs as Kubeflow Trainer TrainJobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from trnctl import (
+    aws,
+    jobs,
+    models,
+)
+from trnctl.commands import common
+from trnctl.commands.common import (
+    DryRunOption,
+    EnvOption,
+    ImageOption,
+    NameOption,
+    RegionOption,
+)
+from trnctl.errors import ExitCode, TrnctlError
+
+app = typer.Typer(
+    help="Training jobs (Kubeflow Trainer TrainJobs on the neuron-torch runtime).",
+    no_args_is_help=True,
+)
+
+
+@app.command("submit")
+def job_submit(
+    env: EnvOption,
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            help="Dataset prefix in the environment's datasets bucket (as `data stage --env` "
+            "takes it; mounted at /datasets), or an absolute path in the pod.",
+        ),
+    ],
+    preset: Annotated[
+        str | None, typer.Option("--preset", help="Model preset of trn-train run.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="models/NAME: a Hugging Face model staged with `trnctl model stage` "
+            "(instead of --preset); read at /datasets/models/NAME.",
+        ),
+    ] = None,
+    lora_rank: Annotated[
+        int | None, typer.Option("--lora-rank", help="LoRA adapters of this rank (>= 1).")
+    ] = None,
+    lora_alpha: Annotated[
+        float | None, typer.Option("--lora-alpha", help="LoRA scaling alpha (> 0).")
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="trn nodes; default: the environment's node count."),
+    ] = None,
+    image: ImageOption = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1)] = None,
+    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
+    log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len",
+            min=1,
+            help="Tokens per sequence; default: the preset's, or 2048 capped at the model's "
+            "max_position_embeddings.",
+        ),
+    ] = None,
+    eval_every: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-every",
+            min=0,
+            help="Held-out loss every N steps (data prepared with --eval-fraction); 0: off.",
+        ),
+    ] = None,
+    eval_batches: Annotated[
+        int | None, typer.Option("--eval-batches", min=1, help="Held-out batches per eval.")
+    ] = None,
+    precompile: Annotated[
+        bool,
+        typer.Option(
+            "--precompile",
+            help="First run `trn-train compile` on the nodes (a few steps, nothing saved) to "
+            "fill the shared compile cache, after checking host memory; then train.",
+        ),
+    ] = False,
+    name: NameOption = None,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Submit a training job from a preset or a staged model: one pod per trn node with all its
+    Neuron devices and EFA interfaces; checkpoints and metrics go to /fsx under the job's name."""
+    # trainer.config imports only the standard library: the presets without torch.
+    from trainer.config import PRESETS
+
+    if preset is not None and preset not in PRESETS:
+        raise TrnctlError(f"--preset {preset!r} is unknown; known: {', '.join(PRESETS)}")
+    model_name = models.name_of(model) if model is not None else None
+    args = jobs.TrainingArgs(
+        preset,
+        data,
+        max_steps,
+        checkpoint_every,
+        log_every,
+        seed,
+        model=model_name,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        seq_len=seq_len,
+        eval_every=eval_every,
+        eval_batches=eval_batches,
+    )
+    outputs = common.outputs_of(env, region)
+    spec = common.spec_of(outputs)
+    count = outputs.trn_nodes if nodes is None else nodes
+    if count > outputs.trn_nodes:
+        raise TrnctlError(
+            f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of {env}; the pods "
+            "would wait for capacity forever (scale the node group first)"
+        )
+    if model_name is not None:
+        s3 = aws.client("s3", outputs.region)
+        models.require_staged(s3, outputs.datasets_bucket, model_name, env)
+    start = preset or model_name or ""
+    job_name = name or jobs.generated_name("train", start, datetime.now(UTC))
+    label = jobs.PRESET_LABEL if preset is not None else jobs.MODEL_LABEL
+    job = jobs.render(
+        name=jobs.validate_name(job_name),
+        outputs=outputs,
+        nodes=count,
+        args=args.argv(job_name),
+        image=image,
+        labels={label: start},
+        env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
+    )
+    if dry_run:
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = common.cluster_of(outputs)
+    drift = jobs.runtime_drift(cluster.runtime(), spec)
+    if drift:
+        raise TrnctlError(
+            f"TrainingRuntime neuron-torch in {outputs.namespace} does not match the catalog for "
+            f"{spec.name}: {'; '.join(drift)}; redeploy the workloads stack",
+            ExitCode.FAILED,
+        )
+    cluster.create(job)
+    what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
+    common.console().print(
+        f"submitted TrainJob {job_name}: {count} x {spec.name}, {what}, in "
+        f"{outputs.namespace} on {outputs.cluster_name}; follow it with: trnctl job logs "
+        f"{job_name} --env {env} --follow",
+        soft_wrap=True,
+    )
+
+
+@app.command("export")
+def job_export(
+    name: Annotated[str, typer.Argument(help="The TrainJob (a --model run) to export.")],
+    env: EnvOption,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="Wait for the export to finish.")
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the export.")
+    ] = 1800,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Seconds between polls.")] = 10,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="Training image URI; default: the training job's."),
+    ] = None,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Write the newest valid checkpoint of a --model job as a Hugging Face model directory
+    beside its checkpoints (a one-node TrainJob running trn-train export); print where it is."""
+    jobs.validate_name(name)
+    outputs = common.outputs_of(env, region)
+    export = jobs.export_name(name, datetime.now(UTC))
+    if dry_run:
+        job = jobs.render_export(job_name=name, export=export, outputs=outputs, image=image)
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = common.cluster_of(outputs)
+    source = cluster.get(name)
+    labels = source.get("metadata", {}).get("labels") or {}
+    if jobs.MODEL_LABEL not in labels:
+        raise TrnctlError(
+            f"TrainJob {name!r} was not submitted with --model (it has no {jobs.MODEL_LABEL} "
+            "label): only runs from a Hugging Face model have a Hugging Face directory to export"
+        )
+    image = image or source.get("spec", {}).get("trainer", {}).get("image")
+    cluster.create(jobs.render_export(job_name=name, export=export, outputs=outputs, image=image))
+    where = jobs.export_dir(name, export)
+    bucket = f"s3://{outputs.checkpoints_bucket}/{name}/export/{export}/"
+    if not wait:
+        common.console().print(
+            f"submitted export TrainJob {export}: it writes {where} (in pods; FSx exports it to "
+            f"{bucket}); follow it with: trnctl job logs {export} --env {env} --follow",
+            soft_wrap=True,
+        )
+        return
+    typer.echo(f"submitted export TrainJob {export}", err=True)
+    state = common.wait(cluster, export, "export job", env, timeout, poll)
+    if state != "Complete":
+        raise TrnctlError(
+            f"export job {export} ended {state}; see trnctl job logs {export} --env {env}",
+            ExitCode.FAILED,
+        )
+    common.console().print(
+        f"exported the newest checkpoint of {name} as a Hugging Face model: {where} (in pods), "
+        f"{bucket} (FSx exports it to the checkpoints bucket)",
+        soft_wrap=True,
+    )
+
+
+def _status_tables(job: dict[str, Any], pods: list[jobs.NodePod]) -> tuple[Table, Table]:
+    name = job["metadata"]["name"]
+    conditions = Table(title=f"TrainJob {name}")
+    for column in ("condition", "status", "reason", "since", "message"):
+        conditions.add_column(column, overflow="fold")
+    for c in jobs.conditions(job):
+        conditions.add_row(c.type, c.status, c.reason, c.since, c.message)
+    nodes = Table(title=f"pods of {name}")
+    for column in ("node", "pod", "phase", "instance", "restarts", "detail"):
+        nodes.add_column(column, overflow="fold")
+    for p in pods:
+        nodes.add_row(str(p.index), p.name, p.phase, p.node, str(p.restarts), p.detail)
+    return conditions, nodes
+
+
+@app.command("status")
+def job_status(
+    name: Annotated[str, typer.Argument(help="TrainJob name.")],
+    env: EnvOption,
+    region: RegionOption = None,
+) -> None:
+    """Show a job's conditions and its pod per node; exit 1 if the job failed."""
+    jobs.validate_name(name)
+    cluster = common.cluster_of(common.outputs_of(env, region))
+    job = cluster.get(name)
+    pods = jobs.node_pods(cluster.pods(name))
+    console = common.console()
+    for table in _status_tables(job, pods):
+        console.print(table)
+    if jobs.outcome(job) == "Failed":
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+@app.command("logs")
+def job_logs(
+    name: Annotated[str, typer.Argument(help="TrainJob name.")],
+    env: EnvOption,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until it ends.")] = False,
+    node: Annotated[int, typer.Option("--node", min=0, help="Node index; 0 is rank 0.")] = 0,
+    region: RegionOption = None,
+) -> None:
+    """Print the log of a job's node pod (rank 0 by default)."""
+    jobs.validate_name(name)
+    cluster = common.cluster_of(common.outputs_of(env, region))
+    cluster.get(name)  # a clear "not found" for a wrong name
+    pods = jobs.node_pods(cluster.pods(name, index=node))
+    if not pods:
+        raise TrnctlError(
+            f"TrainJob {name!r} has no pod for node {node} yet; see trnctl job status {name} "
+            f"--env {env}",
+            ExitCode.NOT_FOUND,
+        )
+    pod = pods[-1].name  # the newest attempt when a restart left several
+    if follow:
+        for line in cluster.follow(pod):
+            typer.echo(line)
+    else:
+        typer.echo(cluster.log(pod), nl=False)

@@ -1,0 +1,87 @@
+"""`trnctl validate`: a validation job on every trn node, judged against the catalog."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from trnctl import (
+    jobs,
+    validation,
+)
+from trnctl.commands import common
+from trnctl.commands.common import (
+    DryRunOption,
+    EnvOption,
+    ImageOption,
+    NameOption,
+    RegionOption,
+)
+from trnctl.errors import ExitCode, TrnctlError
+
+
+def validate_command(
+    env: EnvOption,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the job.")
+    ] = 1800,
+    size_mib: Annotated[
+        int, typer.Option("--size-mib", min=1, help="All-reduce message size per rank.")
+    ] = 64,
+    image: ImageOption = None,
+    name: NameOption = None,
+    poll: Annotated[float, typer.Option("--poll", min=0.01, help="Seconds between polls.")] = 10,
+    dry_run: DryRunOption = False,
+    region: RegionOption = None,
+) -> None:
+    """Run a validation job on every trn node (Neuron devices and cores, EFA interfaces, an
+    all-reduce across all ranks) and check it against the catalog; exit 1 if a node fails."""
+    outputs = common.outputs_of(env, region)
+    spec = common.spec_of(outputs)
+    job = validation.render(
+        outputs, now=datetime.now(UTC), name=name, image=image, size_mib=size_mib
+    )
+    job_name = job["metadata"]["name"]
+    if dry_run:
+        typer.echo(jobs.to_yaml(job), nl=False)
+        return
+    cluster = common.cluster_of(outputs)
+    cluster.create(job)
+    typer.echo(f"submitted validation job {job_name} on {outputs.trn_nodes} nodes", err=True)
+    state = common.wait(cluster, job_name, "validation job", env, timeout, poll)
+    results = [
+        validation.judge(p.index, p.name, cluster.log(p.name), spec)
+        for p in jobs.node_pods(cluster.pods(job_name))
+    ]
+    table = Table(title=f"validate {env}: {outputs.trn_nodes} x {spec.name} ({job_name}: {state})")
+    for column in ("node", "pod", "neuron devices", "cores", "EFA", "all-reduce", "GB/s", "result"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        report = r.report or {}
+        gbps = report.get("allreduce_gbps")
+        table.add_row(
+            str(r.index),
+            r.pod,
+            f"{report.get('neuron_devices', '-')}/{spec.chips}",
+            f"{report.get('neuron_cores', '-')}/{spec.neuron_cores}",
+            f"{report.get('efa_interfaces', '-')}/{spec.efa_interfaces}",
+            {True: "ok", False: "failed"}.get(bool(report["allreduce_ok"]), "-")
+            if "allreduce_ok" in report
+            else "-",
+            f"{gbps:,.1f}" if isinstance(gbps, int | float) else "-",
+            "[green]pass[/]" if r.passed else f"[red]fail[/]: {'; '.join(r.problems)}",
+        )
+    common.console().print(table)
+    failures = [f"node {r.index}: {'; '.join(r.problems)}" for r in results if not r.passed]
+    failures += [f"node {i}: no pod" for i in validation.missing_nodes(results, outputs.trn_nodes)]
+    if failures:
+        raise TrnctlError(
+            f"validation failed on {len(failures)} of {outputs.trn_nodes} nodes: "
+            + " | ".join(failures),
+            ExitCode.FAILED,
+        )
+    if state != "Complete":
+        raise TrnctlError(f"validation job {job_name} ended {state}", ExitCode.FAILED)
