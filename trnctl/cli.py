@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 from trnctl.commands import (
     addons,
     capacity,
+    code,
     cost,
     data,
     job,
@@ -72,6 +73,7 @@ app.add_typer(capacity.app, name="capacity")
 app.add_typer(data.app, name="data")
 app.add_typer(preview.app, name="preview")
 app.add_typer(model.app, name="model")
+app.add_typer(code.app, name="code")
 app.add_typer(job.app, name="job")
 app.command("validate")(validate.validate_command)
 app.command("cost")(cost.cost_command)

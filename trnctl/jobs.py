@@ -160,6 +160,85 @@ class TrainingArgs:
         return argv
 
 
+# The image's ENTRYPOINT (training_image/Dockerfile). A job that runs its own command names it
+# again, with --exec, so that the command gets the environment and the SIGTERM handling the
+# platform's trainer gets, even from an image whose own ENTRYPOINT differs.
+IMAGE_ENTRYPOINT = ("python3", "/opt/training_image/entrypoint.py")
+EXEC_FLAG = "--exec"
+WORKDIR_FLAG = "--workdir"
+# Where a command job's checkpoints go: the directory trn-train uses (:func:`checkpoint_dir`).
+CHECKPOINT_DIR_ENV = "TRN_CHECKPOINT_DIR"
+CODE_LABEL = "trn-platform/code"
+# Kubeflow Trainer v2.3.0's TrainJob CRD: spec.trainer.args holds at most 128 items.
+MAX_ARGS = 128
+
+
+@dataclass(frozen=True)
+class CommandArgs:
+    """A job that runs ``command`` (typically ``torchrun ... train.py``) in place of ``trn-train
+    run``, in ``workdir`` when given (an absolute path in the pod, such as staged code under the
+    datasets mount; default: the image's working directory).
+
+    Raises:
+        TrnctlError: USAGE, on construction, for an empty command, one with more words than a
+            TrainJob's ``spec.trainer.args`` holds, or a relative ``workdir``.
+    """
+
+    command: tuple[str, ...]
+    workdir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command or not self.command[0]:
+            raise TrnctlError("the command after -- is empty; give the program to run")
+        if len(self.command) > MAX_ARGS:
+            raise TrnctlError(
+                f"the command after -- has {len(self.command)} words; a TrainJob's "
+                f"spec.trainer.args holds at most {MAX_ARGS} (Kubeflow Trainer "
+                f"{crds.release_tag()}): put them in a script and run that"
+            )
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise TrnctlError(f"working directory {self.workdir!r} is not an absolute path")
+
+    def entrypoint(self) -> list[str]:
+        """The container's command: the image's entrypoint in its ``--exec`` mode."""
+        workdir = [WORKDIR_FLAG, self.workdir] if self.workdir is not None else []
+        return [*IMAGE_ENTRYPOINT, EXEC_FLAG, *workdir, "--"]
+
+    def env(self, job_name: str) -> dict[str, str]:
+        """What the job adds to the runtime's environment: the checkpoint directory."""
+        return {CHECKPOINT_DIR_ENV: checkpoint_dir(job_name)}
+
+
+def render_command(
+    *,
+    name: str,
+    outputs: EnvironmentOutputs,
+    nodes: int,
+    command: CommandArgs,
+    image: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A TrainJob on the ``neuron-torch`` runtime that runs ``command`` through the image's
+    entrypoint (``entrypoint.py --exec [--workdir DIR] -- COMMAND...``): the runtime's devices,
+    EFA, mounts, compile cache and grace period, the rendezvous Kubeflow hands every node
+    (``PET_*``), one rank per logical NeuronCore (``numProcPerNode``, which torchrun reads as
+    ``PET_NPROC_PER_NODE``) and ``TRN_CHECKPOINT_DIR`` at the job's checkpoint directory.
+
+    Raises:
+        TrnctlError: as :func:`render`.
+    """
+    return render(
+        name=name,
+        outputs=outputs,
+        nodes=nodes,
+        args=command.command,
+        image=image,
+        command=command.entrypoint(),
+        labels={PURPOSE_LABEL: "command", **(labels or {})},
+        env=command.env(name),
+    )
+
+
 def checkpoint_dir(job_name: str) -> str:
     """Where the TrainJob ``job_name`` keeps its checkpoints, on FSx (exported to the
     checkpoints bucket under ``<job_name>/``)."""

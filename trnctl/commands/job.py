@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import UTC, datetime
+from pathlib import PurePosixPath
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+import trn_catalog
+from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import (
     aws,
     jobs,
     models,
 )
+from trnctl import code as codes
 from trnctl.commands import common
 from trnctl.commands.common import (
     DryRunOption,
@@ -32,14 +37,32 @@ app = typer.Typer(
 @app.command("submit")
 def job_submit(
     env: EnvOption,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="After --: a command to run instead of trn-train run (e.g. torchrun train.py), "
+            "through the image's entrypoint: same environment, rendezvous, mounts and SIGTERM "
+            "handling; TRN_CHECKPOINT_DIR names the job's checkpoint directory.",
+            show_default=False,
+        ),
+    ] = None,
     data: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--data",
             help="Dataset prefix in the environment's datasets bucket (as `data stage --env` "
-            "takes it; mounted at /datasets), or an absolute path in the pod.",
+            "takes it; mounted at /datasets), or an absolute path in the pod. Required "
+            "without a command.",
         ),
-    ],
+    ] = None,
+    code: Annotated[
+        str | None,
+        typer.Option(
+            "--code",
+            help="code/NAME: code staged with `trnctl code stage`; the command runs in "
+            "/datasets/code/NAME.",
+        ),
+    ] = None,
     preset: Annotated[
         str | None, typer.Option("--preset", help="Model preset of trn-train run.")
     ] = None,
@@ -98,8 +121,44 @@ def job_submit(
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
-    """Submit a training job from a preset or a staged model: one pod per trn node with all its
-    Neuron devices and EFA interfaces; checkpoints and metrics go to /fsx under the job's name."""
+    """Submit a training job from a preset or a staged model, or one that runs your own command
+    (after --): one pod per trn node with all its Neuron devices and EFA interfaces;
+    checkpoints and metrics go to /fsx under the job's name."""
+    if command:
+        trainer_only = {
+            "--preset": preset is not None,
+            "--model": model is not None,
+            "--data": data is not None,
+            "--lora-rank": lora_rank is not None,
+            "--lora-alpha": lora_alpha is not None,
+            "--max-steps": max_steps is not None,
+            "--checkpoint-every": checkpoint_every is not None,
+            "--log-every": log_every is not None,
+            "--seed": seed is not None,
+            "--seq-len": seq_len is not None,
+            "--eval-every": eval_every is not None,
+            "--eval-batches": eval_batches is not None,
+            "--precompile": precompile,
+        }
+        _submit_command(
+            env=env,
+            command=command,
+            code=code,
+            refused=[flag for flag, given in trainer_only.items() if given],
+            nodes=nodes,
+            image=image,
+            name=name,
+            dry_run=dry_run,
+            region=region,
+        )
+        return
+    if code is not None:
+        raise TrnctlError(
+            "--code needs a command after -- (the staged code's program, e.g. -- torchrun "
+            "train.py); trn-train run takes --preset or --model"
+        )
+    if data is None:
+        raise TrnctlError("--data is required to run trn-train (or give your own command after --)")
     # trainer.config imports only the standard library: the presets without torch.
     from trainer.config import PRESETS
 
@@ -122,12 +181,7 @@ def job_submit(
     )
     outputs = common.outputs_of(env, region)
     spec = common.spec_of(outputs)
-    count = outputs.trn_nodes if nodes is None else nodes
-    if count > outputs.trn_nodes:
-        raise TrnctlError(
-            f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of {env}; the pods "
-            "would wait for capacity forever (scale the node group first)"
-        )
+    count = _node_count(outputs, nodes)
     if model_name is not None:
         s3 = aws.client("s3", outputs.region)
         models.require_staged(s3, outputs.datasets_bucket, model_name, env)
@@ -143,6 +197,31 @@ def job_submit(
         labels={label: start},
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
     )
+    what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
+    _create(job, outputs, spec, what, env, dry_run)
+
+
+def _node_count(outputs: EnvironmentOutputs, nodes: int | None) -> int:
+    count = outputs.trn_nodes if nodes is None else nodes
+    if count > outputs.trn_nodes:
+        raise TrnctlError(
+            f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of "
+            f"{outputs.environment}; the pods would wait for capacity forever (scale the node "
+            "group first)"
+        )
+    return count
+
+
+def _create(
+    job: dict[str, Any],
+    outputs: EnvironmentOutputs,
+    spec: trn_catalog.InstanceSpec,
+    what: str,
+    env: str,
+    dry_run: bool,
+) -> None:
+    """Prints ``job`` (a dry run), or creates it once the cluster's runtime matches the
+    catalog."""
     if dry_run:
         typer.echo(jobs.to_yaml(job), nl=False)
         return
@@ -155,13 +234,59 @@ def job_submit(
             ExitCode.FAILED,
         )
     cluster.create(job)
-    what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
+    job_name = job["metadata"]["name"]
+    count = job["spec"]["trainer"]["numNodes"]
     common.console().print(
         f"submitted TrainJob {job_name}: {count} x {spec.name}, {what}, in "
         f"{outputs.namespace} on {outputs.cluster_name}; follow it with: trnctl job logs "
         f"{job_name} --env {env} --follow",
         soft_wrap=True,
     )
+
+
+def _submit_command(
+    *,
+    env: str,
+    command: list[str],
+    code: str | None,
+    refused: list[str],
+    nodes: int | None,
+    image: str | None,
+    name: str | None,
+    dry_run: bool,
+    region: str | None,
+) -> None:
+    """``job submit -- COMMAND``: refuses the flags only trn-train takes, checks staged code
+    and runs the command through the image's entrypoint."""
+    if refused:
+        raise TrnctlError(
+            f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} for trn-train run "
+            "and cannot go with a command after --: pass your script's own flags after -- "
+            "instead"
+        )
+    code_name = codes.name_of(code) if code is not None else None
+    args = jobs.CommandArgs(
+        tuple(command), codes.pod_path(code_name) if code_name is not None else None
+    )
+    outputs = common.outputs_of(env, region)
+    spec = common.spec_of(outputs)
+    count = _node_count(outputs, nodes)
+    if code_name is not None:
+        s3 = aws.client("s3", outputs.region)
+        codes.require_staged(s3, outputs.datasets_bucket, code_name, env)
+    program = PurePosixPath(command[0]).name
+    job_name = name or jobs.generated_name("run", program, datetime.now(UTC))
+    labels = {jobs.CODE_LABEL: code_name} if code_name is not None else {}
+    job = jobs.render_command(
+        name=jobs.validate_name(job_name),
+        outputs=outputs,
+        nodes=count,
+        command=args,
+        image=image,
+        labels=labels,
+    )
+    what = f"command {shlex.join(command)}" + (f" in code/{code_name}" if code_name else "")
+    _create(job, outputs, spec, what, env, dry_run)
 
 
 @app.command("export")
