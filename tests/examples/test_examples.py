@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PLAIN = EXAMPLES / "plain_pytorch" / "train.py"
+ENTRYPOINT = ROOT / "training_image" / "entrypoint.py"
 HF = EXAMPLES / "hf_trainer" / "train.py"
 TINY = ["--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
 
@@ -74,6 +76,33 @@ def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None
     # Only rank 0 prints; tokens count both ranks' batches.
     assert [e["step"] for e in logged] == [5, 10, 15, 20]
     assert logged[-1]["tokens"] == 20 * 2 * 4 * 32
+
+
+def test_a_sigterm_through_the_entrypoint_stops_both_ranks_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """What a preempted `trnctl job submit -- torchrun train.py` does: the entrypoint hands the
+    SIGTERM to torchrun's workers, both ranks stop at the same step, rank 0 saves it, and the
+    job ends interrupted (143), not Succeeded."""
+    checkpoints = tmp_path / "checkpoints"
+    env = env_with(
+        TRN_CHECKPOINT_DIR=str(checkpoints),
+        TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    )
+    argv = [sys.executable, str(ENTRYPOINT), "--exec", "--", "torchrun", "--standalone"]
+    argv += ["--nproc-per-node=2", str(PLAIN), "--device", "cpu", *TINY, "--steps", "100000"]
+    entry = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    assert entry.stdout is not None
+    first = json.loads(entry.stdout.readline())  # training has started on both ranks
+    entry.send_signal(signal.SIGTERM)
+    rest, _ = entry.communicate(timeout=120)
+
+    assert entry.returncode == 128 + signal.SIGTERM
+    (saved,) = checkpoints.iterdir()
+    stopped_at = int(saved.stem.removeprefix("step-"))
+    assert first["step"] <= stopped_at < 100000
+    assert "Traceback" not in rest
 
 
 def test_hf_trainer_trains_and_checkpoints_where_the_platform_says(tmp_path: Path) -> None:
