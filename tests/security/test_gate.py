@@ -1,14 +1,21 @@
 """The security gate: cdk-nag, cfn-lint and checkov over every variant, with zero findings."""
 
+import functools
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
+from cfnlint.config import ConfigMixIn
+from cfnlint.decode.decode import decode_str
+from cfnlint.runner.cli import Runner
+from cfnlint.runner.template.runner import run_template_by_data
 
 from constructs_lib.network import AWS_CUSTOM_RESOURCE_PROVIDER
 from platform_config.parse import DEFAULT_REGION
@@ -16,7 +23,6 @@ from tests.conftest import ROOT, VARIANTS, Synth, context_with, synthesize
 from trn_catalog.outputs import PREVIEW_REGIONS
 
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
-CFN_LINT = ROOT / ".venv" / "bin" / "cfn-lint"
 # cfn-lint knows trn2.48xlarge in us-east-2 only and no trn2u/trn3 at all.
 TRN_TYPE_RULE = "E3628"
 
@@ -60,38 +66,42 @@ def test_cdk_nag_gate_is_live(tmp_path: Path) -> None:
     assert {"AwsSolutions-S1", "AwsSolutions-S10"} <= rules
 
 
+@functools.cache
+def _cfn_lint_rules() -> Any:
+    """cfn-lint's rules, loaded once per test process: loading them is a third of a small
+    template's lint."""
+    return Runner(ConfigMixIn(regions=[DEFAULT_REGION])).rules
+
+
+@functools.cache
+def _cfn_lint_matches(text: str, region: str) -> list[tuple[int, str, str]]:
+    """(line, rule, message) of every match cfn-lint finds in a template's text in ``region``;
+    the same text is linted once (several variants share a stack's template)."""
+    template, problems = decode_str(text)
+    config = ConfigMixIn(regions=[region])
+    matches = problems or list(run_template_by_data(template, config, _cfn_lint_rules()))
+    return [(m.linenumber, m.rule.id, m.message) for m in matches]
+
+
 def cfn_lint_errors(*templates: Path, region: str = DEFAULT_REGION) -> list[str]:
     """cfn-lint's errors for ``templates`` in ``region``: a resource type or property that
-    CloudFormation does not offer there is an error (E3006, E3002), as the deploy would be."""
-    result = subprocess.run(
-        [
-            str(CFN_LINT),
-            "--format",
-            "parseable",
-            "--regions",
-            region,
-            "--template",
-            *map(str, templates),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode in (0, 2, 4, 6, 8, 10, 12, 14), result.stderr
+    CloudFormation does not offer there is an error (E3006, E3002), as the deploy would be.
+    Each error reads ``path:line:rule:message``."""
     errors = []
-    for line in result.stdout.splitlines():
-        fields = line.split(":", 6)
-        if len(fields) < 7 or not fields[5].startswith("E"):
-            continue
-        flagged = fields[6].split("'")[1] if fields[6].startswith("'") else ""
-        if fields[5] == TRN_TYPE_RULE and flagged.startswith("trn"):
-            continue
-        errors.append(line)
+    for path in templates:
+        for line, rule, message in _cfn_lint_matches(path.read_text(), region):
+            if not rule.startswith("E"):
+                continue
+            flagged = message.split("'")[1] if message.startswith("'") else ""
+            if rule == TRN_TYPE_RULE and flagged.startswith("trn"):
+                continue
+            errors.append(f"{path}:{line}:{rule}:{message}")
     return errors
 
 
 def lint(*synths: Synth) -> list[str]:
     """cfn-lint's errors for every template of ``synths``, all in the one region they deploy
-    to, in one cfn-lint run (its start-up is a third of a variant's time)."""
+    to."""
     (region,) = {cdk.Stack.of(stack).region for s in synths for stack in s.platform.stacks}
     templates = [s.outdir / f"{name}.template.json" for s in synths for name in s.templates]
     assert len(templates) >= 5 * len(synths)
@@ -160,6 +170,14 @@ def test_cfn_lint_would_report_an_error(tmp_path: Path) -> None:
     assert cfn_lint_errors(bad)
 
 
+def distinct(paths: list[Path]) -> list[Path]:
+    """The first path of each distinct template text: variants share most stacks' templates."""
+    first: dict[bytes, Path] = {}
+    for path in paths:
+        first.setdefault(hashlib.sha256(path.read_bytes()).digest(), path)
+    return list(first.values())
+
+
 def checkov_failures(*templates: Path) -> dict[str, object]:
     result = subprocess.run(
         [
@@ -191,17 +209,19 @@ def checkov_failures(*templates: Path) -> dict[str, object]:
 def test_checkov_has_no_failed_checks(
     synth_variant: Callable[[str], Synth], tmp_path: Path
 ) -> None:
-    """Every variant's templates in one checkov run (its start-up, not the templates, is most of
-    its time), with an unencrypted bucket beside them to show that the gate fires: only that
-    template may fail. A failure names the template's path, which names the variant."""
+    """Every variant's distinct templates in one checkov run (its start-up is much of its time),
+    with an unencrypted bucket beside them to show that the gate fires: only that template may
+    fail. A failure names the template's path, which names the (first) variant that has it."""
     unsafe = tmp_path / "unsafe.template.json"
     bucket = {"Type": "AWS::S3::Bucket", "Properties": {}}
     unsafe.write_text(json.dumps({"Resources": {"Unsafe": bucket}}))
-    templates = [
-        synth.outdir / f"{name}.template.json"
-        for synth in map(synth_variant, sorted(VARIANTS))
-        for name in synth.templates
-    ]
+    templates = distinct(
+        [
+            synth.outdir / f"{name}.template.json"
+            for synth in map(synth_variant, sorted(VARIANTS))
+            for name in synth.templates
+        ]
+    )
     summary = checkov_failures(unsafe, *templates)
     failed = summary["checks"]
     assert isinstance(failed, list) and failed
