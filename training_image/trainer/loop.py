@@ -287,7 +287,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     num_params = _num_params(cfg)
     backend.check_plan(
         strategy=cfg.parallelism,
-        preset=cfg.model_dir or cfg.preset,
+        model=_model_label(cfg),
         num_params=num_params,
         instance_type=cfg.instance_type,
     )
