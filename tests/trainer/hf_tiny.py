@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # Before transformers and huggingface_hub read it: a test never reaches the hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -102,36 +98,6 @@ def hf_loss(model: PreTrainedModel, tokens: torch.Tensor) -> float:
     """transformers' own loss with ``labels=input_ids``."""
     with torch.no_grad():
         return float(model(input_ids=tokens, labels=tokens).loss)
-
-
-def one_rank_and_two_fsdp_ranks(
-    run: Callable[[Path], list[str]], tmp_path: Path, env: dict[str, str]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Trains ``run(checkpoint_dir)`` (a ``trn-train run`` command line) on one rank
-    accumulating over two micro-batches, into ``tmp_path/one``, and on two FSDP ranks (torchrun,
-    gloo) into ``tmp_path/two``; checks that every step's loss agrees and returns both runs'
-    metrics."""
-    from trainer import cli, metrics
-
-    one = [*run(tmp_path / "one"), "--grad-accum", "2", "--metrics", str(tmp_path / "one.jsonl")]
-    assert cli.main(one) == 0
-    two = [*run(tmp_path / "two"), "--parallel", "fsdp", "--metrics", "two.jsonl"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    done = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "trainer", *two],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    ones, twos = metrics.read(tmp_path / "one.jsonl"), metrics.read(tmp_path / "two.jsonl")
-    assert [r["step"] for r in twos] == [r["step"] for r in ones] == [1, 2, 3]
-    for a, b in zip(ones, twos, strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-    return ones, twos
 
 
 SEQ_LEN = 16

@@ -165,7 +165,7 @@ def test_xla_refuses_fsdp() -> None:
         ValueError, match=r"parallel 'fsdp' is not available on device 'xla'.*--parallel ddp"
     ):
         device.XlaBackend.check_plan(
-            strategy="fsdp", preset="tiny", num_params=1000, instance_type="trn1.32xlarge"
+            strategy="fsdp", model="preset 'tiny'", num_params=1000, instance_type="trn1.32xlarge"
         )
 
 
@@ -181,8 +181,24 @@ def test_xla_refuses_a_preset_a_trn1_core_cannot_hold() -> None:
         rf"a NeuronCore of trn1\.32xlarge has {available:,}",
     ):
         device.XlaBackend.check_plan(
-            strategy="ddp", preset="1b", num_params=n, instance_type="trn1.32xlarge"
+            strategy="ddp", model="preset '1b'", num_params=n, instance_type="trn1.32xlarge"
         )
     device.XlaBackend.check_plan(
-        strategy="ddp", preset="125m", num_params=_num_params("125m"), instance_type="trn1.32xlarge"
+        strategy="ddp",
+        model="preset '125m'",
+        num_params=_num_params("125m"),
+        instance_type="trn1.32xlarge",
     )
+
+
+def test_a_model_run_s_plan_names_the_model_directory() -> None:
+    """A --model run is labelled by its directory, not as a preset named like the path."""
+    from trainer import loop
+    from trainer.config import TrainConfig
+
+    label = loop._model_label(TrainConfig(model_dir="/models/llama-8b"))
+    assert label == "model '/models/llama-8b'"
+    with pytest.raises(ValueError, match=r"^model '/models/llama-8b' needs .* use a smaller model"):
+        device.XlaBackend.check_plan(
+            strategy="ddp", model=label, num_params=8 * 10**9, instance_type="trn1.32xlarge"
+        )

@@ -246,23 +246,3 @@ def test_export_from_s3_reads_the_carried_files(
         source / "tokenizer.json"
     ).read_bytes()
     assert not list((tmp_path / "tmp").glob("trn-checkpoints-*"))  # the node copies are gone
-
-
-def test_two_fsdp_ranks_fine_tune_like_one(
-    corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
-) -> None:
-    """Each rank loads the weights, FSDP2 shards them; per-step losses as one rank accumulating
-    over the same global batch, and the gathered checkpoint exports."""
-    source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    hf_tiny.one_rank_and_two_fsdp_ranks(
-        lambda ck: [*_run(source, corpus_dir, ck), "--log-every", "1", "--max-steps", "3"],
-        tmp_path,
-        trainer_env,
-    )
-    assert (
-        cli.main(
-            ["export", "--checkpoint-dir", str(tmp_path / "two"), "--out", str(tmp_path / "out")]
-        )
-        == 0
-    )
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.head_dim == 12

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM
 
 from trainer import checkpoint, cli, hf, lora, metrics
 from trainer.checkpoint import CheckpointError, RunConfigError
-from trainer.model import GPT
 
 SEQ = hf_tiny.SEQ_LEN
 ALL = ",".join(lora.TARGETS)
@@ -36,8 +35,11 @@ def _tokens() -> torch.Tensor:
 def _ours(source: Path, ck: Path, step: int, spec: lora.LoraSpec) -> torch.Tensor:
     """Our logits for :func:`_tokens` from the LoRA checkpoint at ``step``."""
     cfg = hf.model_config(source, seq_len=SEQ)
-    model = lora.apply(GPT(cfg), cfg, spec).eval()
-    model.load_state_dict(_state(ck, step)["model"])  # type: ignore[arg-type]
+    model = lora.apply(hf.load_pretrained(source, cfg), cfg, spec).eval()
+    # The checkpoint holds the adapters; the base weights are the source's.
+    loaded = model.load_state_dict(_state(ck, step)["model"], strict=False)  # type: ignore[arg-type]
+    assert not loaded.unexpected_keys
+    assert all(".lora_" not in name for name in loaded.missing_keys)
     with torch.no_grad():
         return model.logits(_tokens())
 
@@ -87,11 +89,9 @@ def test_step_zero_is_the_base_model_and_only_adapters_train(
     state = _state(tmp_path / "ck", 3)
     model = state["model"]
     assert isinstance(model, dict)
-    base = hf.read_weights(source, hf.model_config(source, seq_len=SEQ))
-    for name, tensor in base.items():
-        assert torch.equal(model[name], tensor), name  # bit-identical: frozen
+    # The checkpoint holds the adapters only: the frozen base is the --model directory's.
     adapters = [n for n in model if ".lora_" in n]
-    assert len(adapters) == 2 * 7 * 2
+    assert len(adapters) == len(model) == 2 * 7 * 2
     assert all(model[n].any() for n in adapters if ".lora_B." in n)  # trained away from zero
     optimizer = state["optimizer"]
     assert isinstance(optimizer, dict)
@@ -127,6 +127,24 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
         cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"))
     with pytest.raises(RunConfigError, match=r"lora \{.*\} in the checkpoint, None now"):
         cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:4]))
+    # The checkpoint holds the adapters only: another base model is refused by name.
+    other = hf_tiny.model_dir(tmp_path, "llama", seed=1)
+    with pytest.raises(
+        RunConfigError,
+        match=re.escape(
+            "it holds LoRA adapters only, trained on the base model of fingerprint "
+            f"'{hf.fingerprint(source)}', and this run's --model has '{hf.fingerprint(other)}'"
+        ),
+    ):
+        cli.main(_run(other, corpus_dir, tmp_path / "straight", *args))
+    # Merging reads the base weights, which must be the ones the adapters were trained on.
+    merge = ["export", "--checkpoint-dir", str(tmp_path / "straight"), "--merge-lora", "--out"]
+    shutil.copytree(other, source, dirs_exist_ok=True)
+    with pytest.raises(CheckpointError, match=r"--merge-lora: base model .* has fingerprint"):
+        cli.main([*merge, str(tmp_path / "m1")])
+    shutil.rmtree(source)
+    with pytest.raises(CheckpointError, match=r"holds LoRA adapters only and its base model"):
+        cli.main([*merge, str(tmp_path / "m2")])
 
 
 def test_exported_adapter_loads_with_peft_and_merges_like_it(
@@ -158,28 +176,6 @@ def test_exported_adapter_loads_with_peft_and_merges_like_it(
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=_tokens()).logits, ours, rtol=1e-5, atol=1e-5)
     assert (tmp_path / "m" / "tokenizer.json").is_file()
-
-
-def test_two_fsdp_ranks_train_adapters_like_one(
-    corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
-) -> None:
-    """FSDP2 shards blocks holding frozen weights and trained adapters together: per-step losses
-    and the gathered adapters as one rank accumulating over the same global batch."""
-    source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    lora_flags = ["--lora-rank", "4", "--lora-targets", "q_proj,v_proj,down_proj"]
-    hf_tiny.one_rank_and_two_fsdp_ranks(
-        lambda ck: [*_run(source, corpus_dir, ck), "--log-every", "1", *lora_flags],
-        tmp_path,
-        trainer_env,
-    )
-    model_one, model_two = (
-        _state(tmp_path / "one", 3)["model"],
-        _state(tmp_path / "two", 3)["model"],
-    )
-    assert isinstance(model_one, dict) and isinstance(model_two, dict)
-    assert model_one.keys() == model_two.keys()
-    for name in (n for n in model_one if ".lora_" in n):
-        torch.testing.assert_close(model_two[name], model_one[name], rtol=1e-4, atol=1e-6)
 
 
 def test_trnctl_s_lora_arguments_make_a_lora_run() -> None:

@@ -245,3 +245,25 @@ def test_cli_refuses_mixed_flags(tmp_path: Path, capsys: pytest.CaptureFixture[s
     argv = ["prepare-data", "--tokenizer", tok_dir, "--input", str(bad), "--format", "chat"]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 1
     assert "bad.jsonl:1: messages[0].role 'bot' is unknown" in capsys.readouterr().err
+
+
+def test_the_held_out_split_falls_between_documents(tmp_path: Path) -> None:
+    """30% of 200 tokens is 60, which would cut the last document (80 tokens); the split moves to
+    the nearest boundary and holds that document out whole."""
+    sizes = [30, 50, 40, 80]
+    documents = [(np.full(n, i + 1, dtype=np.uint32), None) for i, n in enumerate(sizes)]
+    identity = {"tokenizer": "t", "tokenizer_sha256": "0" * 64, "eos_token_id": 0}
+    data.write_split_dataset(
+        tmp_path, documents, vocab_size=10, identity=identity, eval_fraction=0.3
+    )
+    dataset = data.open_dataset(tmp_path)
+    assert dataset.eval_split is not None
+    assert np.asarray(dataset.eval_split.shards[0]).tolist() == [4] * 80
+    assert np.asarray(dataset.shards[0]).tolist() == [1] * 30 + [2] * 50 + [3] * 40
+    # The nearest boundary, the earlier one on a tie; one document is cut, as nothing else
+    # leaves both sides tokens; a split that would hold out everything keeps the first document.
+    assert data.split_point([20] * 10, 0.125) == 180
+    assert data.split_point([400] * 5, 0.1) == 1600
+    assert data.split_point([300], 0.5) == 150
+    assert data.split_point([1000, 10], 0.5) == 1000
+    assert data.split_point([5, 5], 0) == 10

@@ -21,6 +21,25 @@ whose configuration differs, naming each field, rather than continue a different
 A checkpoint of a run that started from a Hugging Face model directory also carries that
 directory's ``config.json`` and tokenizer files under ``model/`` (``meta.json`` lists them), so
 that exporting it needs nothing but the checkpoint.
+
+Sharded checkpoints. When the state is sharded (FSDP2 on more than one rank) no rank gathers it:
+every rank writes its own shards with ``torch.distributed.checkpoint`` (DCP) under ``shards/``
+(``__<rank>_0.distcp``, and ``.metadata`` from rank 0), and ``meta.json`` (format
+:data:`FORMAT_SHARDED`) lists every file with its size and CRC-32, which each rank computes
+over the files it wrote. The guarantees stay those of ``state.pt``: on a file system the ranks
+write into one staging directory that rank 0 renames into place once every rank has written;
+on S3 each rank uploads its own files and rank 0 uploads ``meta.json`` last, once every rank
+has. Resuming reads the shards through DCP, which reshards them for the world size at hand: a
+checkpoint of two ranks resumes on one and the other way round, and a ``state.pt`` checkpoint
+resumes on any number of FSDP2 ranks. The data position needs nothing per rank: the run's
+configuration pins the global batch, and the sampler draws each step's global batch from
+``(seed, step)`` alone (see :class:`trainer.data.WindowSampler`), so two ranks of two sequences
+and one rank of four (or accumulating two micro-steps of two) train on the same windows.
+
+LoRA runs. The model state of a checkpoint holds the trained parameters only (the adapters),
+and the optimizer state only has theirs: the frozen base weights come from the ``--model``
+directory again on resume, and :func:`check_resume` refuses a base whose fingerprint
+(:func:`trainer.hf.fingerprint`) differs from the one ``meta.json`` recorded.
 """
 
 from __future__ import annotations
@@ -61,7 +80,12 @@ if TYPE_CHECKING:
 
 STATE, META = "state.pt", "meta.json"
 MODEL_FILES = "model"  # the folder, in a checkpoint, of the model directory's carried files
+SHARDS = "shards"  # the folder, in a sharded checkpoint, of torch.distributed.checkpoint's files
 FORMAT = "trn-train-checkpoint-v1"
+FORMAT_SHARDED = "trn-train-checkpoint-dcp-v1"
+# torch.distributed.checkpoint's FileSystemWriter names rank r's data files __<r>_<i>.distcp and
+# the coordinator's metadata .metadata (torch 2.13, torch/distributed/checkpoint/filesystem.py).
+DCP_METADATA = ".metadata"
 _PREFIX = "step_"
 _STAGING = ".staging-"  # a save in progress, or one killed midway
 _REPLACED = ".replaced-"  # a checkpoint set aside while a new save at its step is renamed in
@@ -114,6 +138,26 @@ class Store(Protocol):
     def drop_local_copies(self) -> None:
         """Deletes this node's copies of remote files; one rank per node, once every rank of
         the node has loaded what it needs."""
+        ...
+
+    @property
+    def shared_staging(self) -> bool:
+        """True when a staging directory one rank makes is where every rank writes (a shared
+        file system); False when each rank stages its own files and uploads them
+        (:meth:`publish_part`)."""
+        ...
+
+    def publish_part(self, staged: Path, name: str) -> None:
+        """A rank's own files of a sharded checkpoint ``name``, staged under ``staged``, put
+        where :meth:`publish` of the main rank's will complete them (nothing to do where the
+        staging directory is shared)."""
+        ...
+
+    def local_folder(
+        self, name: str, folder: str, files: list[str]
+    ) -> AbstractContextManager[Path]:
+        """A local directory holding ``files`` of ``folder`` of checkpoint ``name`` while the
+        context lasts."""
         ...
 
 
@@ -178,6 +222,18 @@ class LocalStore:
 
     def drop_local_copies(self) -> None:
         """Nothing: files are read where they are."""
+
+    @property
+    def shared_staging(self) -> bool:
+        """True: a run on several nodes keeps its checkpoints on a file system they share."""
+        return True
+
+    def publish_part(self, staged: Path, name: str) -> None:
+        """Nothing: the rank wrote into the shared staging directory."""
+
+    @contextlib.contextmanager
+    def local_folder(self, name: str, folder: str, files: list[str]) -> Iterator[Path]:
+        yield self.root / name / folder
 
 
 class S3Store:
@@ -260,6 +316,43 @@ class S3Store:
     def drop_local_copies(self) -> None:
         shutil.rmtree(self.node_cache, ignore_errors=True)
 
+    @property
+    def shared_staging(self) -> bool:
+        return False
+
+    def publish_part(self, staged: Path, name: str) -> None:
+        """Uploads every file under ``staged`` (a rank's shards; never ``meta.json``)."""
+        try:
+            for path in sorted(p for p in staged.rglob("*") if p.is_file()):
+                file = path.relative_to(staged).as_posix()
+                self.s3.upload_file(str(path), self.bucket, self._key(name, file))
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def local_folder(self, name: str, folder: str, files: list[str]) -> Iterator[Path]:
+        """This node's copy of ``files``, in one directory keyed by ``meta.json``'s ETag (a
+        checkpoint saved again at the same step gets a new one): the first process of the node
+        to take the directory's lock downloads what is missing, the others wait and read the
+        same files. They stay until :meth:`drop_local_copies`."""
+        from botocore.exceptions import ClientError
+
+        try:
+            etag = self.s3.head_object(Bucket=self.bucket, Key=self._key(name, META))["ETag"]
+            digest = hashlib.sha256(f"{self._key(name)}@{etag}".encode()).hexdigest()[:24]
+            local = self.node_cache / digest / folder
+            local.mkdir(parents=True, exist_ok=True)
+            with _exclusive(local.parent / ".lock"):
+                for file in files:
+                    if not (local / file).is_file():
+                        partial = local / f".{file}.partial"
+                        key = self._key(name, folder, file)
+                        self.s3.download_file(self.bucket, key, str(partial))
+                        os.replace(partial, local / file)
+        except ClientError as e:
+            raise OSError(f"s3://{self.bucket}/{self._key(name, folder)}: {e}") from e
+        yield local
+
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
         self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, META))
@@ -328,18 +421,68 @@ def _write_state(state: dict[str, Any], path: Path) -> tuple[int, int]:
         return f.tell(), crc
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def _options(model: nn.Module, *, full: bool) -> StateDictOptions:
+    """Full (gathered to CPU) or sharded state-dict options; a model with frozen parameters (a
+    LoRA run's base) leaves them out, so that a checkpoint holds what training changes."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(
+        full_state_dict=full, cpu_offload=full, ignore_frozen_params=frozen, strict=not frozen
+    )
+
+
+def _model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
+    """``get_model_state_dict``, without frozen parameters under any of their names when
+    ``options`` leaves them out: torch drops a frozen parameter under one name only, so a tied
+    output head (the embedding under a second name) would stay."""
+    state = get_model_state_dict(model, options=options)
+    if options.ignore_frozen_params:
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if not p.requires_grad:
+                state.pop(_plain_name(name), None)
+    return state
+
+
+@contextlib.contextmanager
+def _one_process_quietly(alone: bool) -> Iterator[None]:
+    """DCP warns at each save or load without a process group that it assumes one process; a
+    run of one rank is one on purpose."""
+    with warnings.catch_warnings():
+        if alone:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _plain_name(name: str) -> str:
+    """A parameter's name without what wrappers add (DDP's ``module.``, the activation
+    checkpoint wrapper's and torch.compile's modules), as state dicts name it."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(wrapper, "")
+    return name.removeprefix("module.")
+
+
+def _file_record(path: Path) -> dict[str, object]:
+    return {"bytes": path.stat().st_size, "crc32": f"{_crc32(path):08x}"}
+
+
+def _own_files(folder: Path, rank: int, main: bool) -> dict[str, dict[str, object]]:
+    """Size and CRC-32 of the files this rank wrote into ``folder`` (see :data:`DCP_METADATA`)."""
+    names = sorted(p.name for p in folder.glob(f"__{rank}_*.distcp"))
+    if main:
+        names.append(DCP_METADATA)
+    return {f"{SHARDS}/{name}": _file_record(folder / name) for name in names}
 
 
 @dataclass(frozen=True)
 class Checkpointer:
     """Saves and restores training state through a :class:`Store`.
 
-    Every rank calls :meth:`save` (sharded models gather there); only the main rank writes.
-    ``keep`` (default 3) newest checkpoints survive each save. ``model_files`` (default none):
-    files copied into each checkpoint's ``model/`` folder (a Hugging Face model's config and
-    tokenizer files). ``base_model`` (default none): the model directory a run started from,
-    recorded in ``meta.json`` for exports that name it (a PEFT adapter's base model).
+    Every rank calls :meth:`save`: a full checkpoint gathers there and only the main rank
+    writes; a sharded one (``sharded``) has every rank write its shards. ``keep`` (default 3)
+    newest checkpoints survive each save. ``model_files`` (default none): files copied into each
+    checkpoint's ``model/`` folder (a Hugging Face model's config and tokenizer files).
+    ``base_model`` (default none): the model directory a run started from, recorded in
+    ``meta.json`` for exports that name it (a PEFT adapter's base model) and for those that
+    read it (a LoRA checkpoint merged: its base weights).
     """
 
     store: Store
@@ -355,14 +498,24 @@ class Checkpointer:
         *,
         main: bool = True,
         run: Mapping[str, object] | None = None,
+        sharded: bool = False,
+        ranks: parallel.Ranks | None = None,
+        group: dist.ProcessGroup | None = None,
     ) -> str:
-        """Writes checkpoint ``step`` (on the main rank; the others only take part in gathering)
-        and returns its name; ``run`` (see :func:`run_config`) goes into ``meta.json``."""
+        """Writes checkpoint ``step`` and returns its name; ``run`` (see :func:`run_config`)
+        goes into ``meta.json``. Full (default): gathered, written by the main rank (the others
+        only take part in gathering). ``sharded``: every rank of ``ranks`` (default: one)
+        writes its own shards (see the module's documentation); ``group`` is the control group
+        the ranks agree on (the staging directory, the files' checksums, the end of writing)."""
+        if sharded:
+            return self._save_sharded(step, model, optimizer, main, run, ranks, group)
         state = {
             "format": FORMAT,
             "step": step,
-            "model": get_model_state_dict(model, options=_FULL),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=_FULL),
+            "model": _model_state(model, _options(model, full=True)),
+            "optimizer": get_optimizer_state_dict(
+                model, optimizer, options=_options(model, full=True)
+            ),
             "rng": torch.get_rng_state(),
         }
         name = name_for(step)
@@ -376,6 +529,62 @@ class Checkpointer:
             "bytes": size,
             "crc32": f"{crc:08x}",
         }
+        self._publish(staged, name, meta, run)
+        return name
+
+    def _save_sharded(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        main: bool,
+        run: Mapping[str, object] | None,
+        ranks: parallel.Ranks | None,
+        group: dist.ProcessGroup | None,
+    ) -> str:
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save
+
+        ranks = ranks or parallel.Ranks()
+        name = name_for(step)
+        staged = self.store.staging() if main or not self.store.shared_staging else None
+        if self.store.shared_staging:
+            staged = Path(str(parallel.broadcast_object(str(staged), ranks, group)))
+        assert staged is not None
+        options = _options(model, full=False)
+        state = {
+            "model": _model_state(model, options),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+            "rng": torch.get_rng_state(),
+        }
+        with _one_process_quietly(not ranks.distributed):
+            save(
+                state,
+                storage_writer=FileSystemWriter(staged / SHARDS),
+                no_dist=not ranks.distributed,
+            )
+        files = _own_files(staged / SHARDS, ranks.rank, main)
+        every = parallel.all_gather_object(files, ranks, group)
+        if not main:
+            self.store.publish_part(staged, name)
+        parallel.any_rank(False, ranks, group)  # every rank's files are in place
+        if not main:
+            return name
+        listed = {file: record for part in every for file, record in part.items()}  # type: ignore[attr-defined]
+        meta: dict[str, object] = {
+            "format": FORMAT_SHARDED,
+            "step": step,
+            "world_size": ranks.world_size,
+            "files": dict(sorted(listed.items())),
+        }
+        self._publish(staged, name, meta, run)
+        return name
+
+    def _publish(
+        self, staged: Path, name: str, meta: dict[str, object], run: Mapping[str, object] | None
+    ) -> None:
+        """Adds the run, the carried model files and ``meta.json`` (last) to ``staged``,
+        publishes it as ``name`` and prunes to the newest :attr:`keep`."""
         if run is not None:
             meta["run"] = dict(run)
         if self.model_files:
@@ -392,12 +601,25 @@ class Checkpointer:
         self.store.publish(staged, name)
         for old in self.store.names()[: -self.keep]:
             self.store.delete(old)
-        return name
 
     def remove_stale(self) -> list[str]:
         """What saves killed midway left behind, removed (see :meth:`Store.remove_stale`). Call
         it on the writing rank before its first save."""
         return self.store.remove_stale()
+
+    def meta_of(self, name: str) -> dict[str, Any]:
+        """``meta.json`` of checkpoint ``name``.
+
+        Raises:
+            CheckpointError: it is unreadable or not a JSON object.
+        """
+        try:
+            meta = json.loads(self.store.read(name, META))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint {name}: unreadable ({META} is not an object)")
+        return meta
 
     def run_of(self, name: str) -> dict[str, object] | None:
         """The run configuration checkpoint ``name`` was saved with; None for a checkpoint
@@ -406,10 +628,7 @@ class Checkpointer:
         Raises:
             CheckpointError: ``meta.json`` is unreadable.
         """
-        try:
-            run = json.loads(self.store.read(name, META)).get("run")
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        run = self.meta_of(name).get("run")
         return dict(run) if isinstance(run, dict) else None
 
     def model_files_of(self, name: str) -> list[str]:
@@ -419,11 +638,7 @@ class Checkpointer:
         Raises:
             CheckpointError: ``meta.json`` is unreadable.
         """
-        try:
-            files = json.loads(self.store.read(name, META)).get("model_files", [])
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
-        return [str(f) for f in files]
+        return [str(f) for f in self.meta_of(name).get("model_files", [])]
 
     def base_model_of(self, name: str) -> str:
         """The model directory the run of checkpoint ``name`` started from ("" if none was
@@ -432,29 +647,62 @@ class Checkpointer:
         Raises:
             CheckpointError: ``meta.json`` is unreadable.
         """
-        try:
-            return str(json.loads(self.store.read(name, META)).get("base_model", ""))
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        return str(self.meta_of(name).get("base_model", ""))
 
     def model_file(self, name: str, file: str) -> AbstractContextManager[Path]:
         """A local path of carried model file ``file`` of checkpoint ``name`` while the context
         lasts (see :meth:`model_files_of`)."""
         return self.store.local_file(name, f"{MODEL_FILES}/{file}")
 
+    def is_sharded(self, name: str) -> bool:
+        """Whether checkpoint ``name`` is a sharded (DCP) one.
+
+        Raises:
+            CheckpointError: ``meta.json`` is unreadable.
+        """
+        return self.meta_of(name).get("format") == FORMAT_SHARDED
+
     def verify(self, name: str) -> None:
-        """Checks the format, size and CRC-32 of checkpoint ``name``, reading ``state.pt`` a
-        chunk at a time.
+        """Checks the format, size and CRC-32 of checkpoint ``name`` (every shard file of a
+        sharded one), reading each file a chunk at a time.
 
         Raises:
             CheckpointError: unreadable, truncated or failing its CRC; the message names it.
         """
+        if self.is_sharded(name):
+            with self._shards(name) as folder:
+                self._check_shards(name, folder, crc=True)
+            return
         with self.store.local_file(name, STATE) as path:
             self._check(name, path, crc=True)
 
+    @contextlib.contextmanager
+    def _shards(self, name: str) -> Iterator[Path]:
+        """A local folder of the shard files of sharded checkpoint ``name``."""
+        try:
+            files = list(self.meta_of(name)["files"])
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable (no file list: {e})") from e
+        names = [f.removeprefix(f"{SHARDS}/") for f in files]
+        try:
+            with self.store.local_folder(name, SHARDS, names) as folder:
+                yield folder
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+
+    def _check_shards(self, name: str, folder: Path, *, crc: bool) -> None:
+        for file, record in self.meta_of(name)["files"].items():
+            path = folder / file.removeprefix(f"{SHARDS}/")
+            try:
+                size = path.stat().st_size
+            except OSError as e:
+                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+            if size != record["bytes"] or (crc and f"{_crc32(path):08x}" != record["crc32"]):
+                raise CheckpointError(f"checkpoint {name}: {file} fails its size or CRC-32 check")
+
     def _check(self, name: str, path: Path, *, crc: bool) -> None:
         try:
-            meta = json.loads(self.store.read(name, META))
+            meta = self.meta_of(name)
             size = path.stat().st_size
             if meta.get("format") != FORMAT:
                 raise CheckpointError(
@@ -465,14 +713,20 @@ class Checkpointer:
         except (OSError, ValueError, KeyError) as e:
             raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
 
-    def load(self, name: str, *, verify: bool = True) -> dict[str, Any]:
-        """The state of checkpoint ``name``, its tensors memory-mapped from ``state.pt`` (CPU),
-        after :meth:`verify` (``verify=False``: the format and size only, for a checkpoint
-        another rank has verified).
+    def load(
+        self, name: str, *, verify: bool = True, parts: tuple[str, ...] | None = None
+    ) -> dict[str, Any]:
+        """The state of checkpoint ``name`` on CPU, after :meth:`verify` (``verify=False``: the
+        format and sizes only, for a checkpoint another rank has verified): ``step``,
+        ``model``, ``optimizer`` and ``rng``. A full checkpoint's tensors are memory-mapped from
+        ``state.pt``; a sharded one's are read whole, ``parts`` (default all) naming the ones
+        to read (``("model",)`` for an export).
 
         Raises:
             CheckpointError: unreadable, truncated or failing its CRC; the message names it.
         """
+        if self.is_sharded(name):
+            return self._load_sharded(name, verify=verify, parts=parts)
         with self.store.local_file(name, STATE) as path:
             self._check(name, path, crc=verify)
             try:
@@ -481,6 +735,34 @@ class Checkpointer:
                 )
             except (OSError, RuntimeError, ValueError) as e:
                 raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        return state
+
+    def _load_sharded(
+        self, name: str, *, verify: bool, parts: tuple[str, ...] | None
+    ) -> dict[str, Any]:
+        """Every tensor of the shards of ``name`` in this process alone: DCP's loader with the
+        planner that rebuilds the state from the checkpoint's metadata, as torch 2.13's own
+        ``format_utils.dcp_to_torch_save`` calls them (the public ``load`` needs the state's
+        shape up front, which an export does not have)."""
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        state: dict[str, Any] = {}
+        with self._shards(name) as folder:
+            self._check_shards(name, folder, crc=verify)
+            try:
+                _load_state_dict(
+                    state,
+                    storage_reader=FileSystemReader(folder),
+                    planner=_EmptyStateDictLoadPlanner(  # type: ignore[no-untyped-call]
+                        keys=set(parts) if parts else None
+                    ),
+                    no_dist=True,
+                )
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        state["step"] = self.meta_of(name)["step"]
         return state
 
     def newest_valid(self) -> str | None:
@@ -498,15 +780,71 @@ class Checkpointer:
     def resume(
         self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, verify: bool = True
     ) -> int:
-        """Loads checkpoint ``name`` (see :meth:`load`) into ``model`` and ``optimizer`` and
-        returns the step to train next. The loaded state is dropped on return."""
-        return self.restore(self.load(name, verify=verify), model, optimizer)
+        """Loads checkpoint ``name`` into ``model`` and ``optimizer``, whatever the world size
+        that wrote it, and returns the step to train next. A full checkpoint is mapped (see
+        :meth:`load`); a sharded one is read by DCP, each rank reading what its own shards
+        need. The loaded state is dropped on return.
+
+        Raises:
+            CheckpointError: unreadable, or lacking a parameter this model trains.
+        """
+        if self.is_sharded(name):
+            return self._resume_sharded(name, model, optimizer, verify=verify)
+        return self.restore(self.load(name, verify=verify), model, optimizer, name=name)
+
+    def _resume_sharded(
+        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, verify: bool
+    ) -> int:
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import load
+
+        options = _options(model, full=False)
+        state: dict[str, Any] = {
+            "model": _model_state(model, options),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+            "rng": torch.get_rng_state(),
+        }
+        with self._shards(name) as folder:
+            self._check_shards(name, folder, crc=verify)
+            try:
+                alone = not torch.distributed.is_initialized()
+                with _one_process_quietly(alone):
+                    load(state, storage_reader=FileSystemReader(folder), no_dist=alone)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        torch.set_rng_state(state["rng"])
+        step: int = self.meta_of(name)["step"]
+        return step
 
     @staticmethod
-    def restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """Loads ``state`` into ``model`` and ``optimizer``; returns the step to train next."""
-        set_model_state_dict(model, state["model"], options=_FULL)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=_FULL)
+    def restore(
+        state: dict[str, Any],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        name: str = "the checkpoint",
+    ) -> int:
+        """Loads full ``state`` into ``model`` and ``optimizer``; returns the step to train next.
+
+        Raises:
+            CheckpointError: ``state`` lacks a parameter this model trains.
+        """
+        options = _options(model, full=True)
+        # Strict loading checks a model without frozen parameters; with them (LoRA), the
+        # trained ones are checked here, under the names the state uses (no wrapper prefixes).
+        missing = sorted(
+            clean
+            for n, p in model.named_parameters()
+            if p.requires_grad and (clean := _plain_name(n)) not in state["model"]
+        )
+        if missing:
+            raise CheckpointError(
+                f"{name} lacks trained parameters of this model: {', '.join(missing[:5])}"
+            )
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
         torch.set_rng_state(state["rng"])
         step: int = state["step"]
         return step
@@ -556,10 +894,18 @@ def check_resume(name: str, saved: Mapping[str, object] | None, run: Mapping[str
     a checkpoint that recorded none (written before this check existed) is accepted.
 
     Raises:
-        RunConfigError: naming every field that differs with both values.
+        RunConfigError: a LoRA checkpoint's base model differs (its own message), or naming
+            every field that differs with both values.
     """
     if saved is None:
         return
+    if saved.get("lora") is not None and saved.get("model") != run.get("model"):
+        raise RunConfigError(
+            f"refusing to resume from checkpoint {name}: it holds LoRA adapters only, trained "
+            f"on the base model of fingerprint {saved.get('model')!r}, and this run's --model "
+            f"has {run.get('model')!r}; adapters fit only the base they were trained on: "
+            "resume with that base model, or start a new run in another checkpoint directory"
+        )
     # Fields either side recorded: a run from a model directory records more than a preset run.
     fields = list(run) + [field for field in saved if field not in run]
     changed = [

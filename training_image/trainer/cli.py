@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.config import PRESETS, TrainConfig
+from trainer.config import ACTIVATION_CHECKPOINTING, AUTO_CHECKPOINT_PARAMS, PRESETS, TrainConfig
 from trainer.launch import PRECOMPILE_STEPS
 
 # Host memory one compiling process is assumed to need when neither --compile-memory-gib nor
@@ -153,6 +153,13 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         type=int,
         default=d.seq_len,
         help="0 = the preset's, or with --model min(2048, max_position_embeddings)",
+    )
+    run.add_argument(
+        "--activation-checkpointing",
+        choices=ACTIVATION_CHECKPOINTING,
+        default=d.activation_checkpointing,
+        help="recompute each transformer block's forward in backward instead of keeping its "
+        f"activations; auto (default) = on above {AUTO_CHECKPOINT_PARAMS:.0e} parameters",
     )
     run.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default=d.device)
     run.add_argument(

@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from trainer.lora import LoraSpec
 
 Parallel = Literal["ddp", "fsdp"]
+ACTIVATION_CHECKPOINTING = ("on", "off", "auto")
+# ``auto`` turns activation checkpointing on above this many parameters (~1e9: Llama-3.2-1B's
+# 1.24e9 and up). Our choice: below it a fine-tune's activations at the default sequence length
+# fit next to the sharded state, above it they dominate device memory.
+AUTO_CHECKPOINT_PARAMS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,10 @@ class TrainConfig:
     ``model_dir`` model's ``lora_targets`` (a comma list; default q, k, v and o projections)
     with its weights frozen, scaled by ``lora_alpha / lora_rank`` (``lora_alpha`` defaults to
     the rank); see :mod:`trainer.lora`.
+
+    ``activation_checkpointing``: ``on`` recomputes each transformer block's forward in backward
+    instead of keeping its activations, ``off`` keeps them, ``auto`` (default) is ``on`` for
+    models above :data:`AUTO_CHECKPOINT_PARAMS` parameters (see :meth:`checkpoints_blocks`).
     """
 
     preset: str = "tiny"
@@ -205,6 +214,7 @@ class TrainConfig:
     lora_rank: int | None = None
     lora_alpha: float | None = None
     lora_targets: str | None = None
+    activation_checkpointing: str = "auto"
 
     @functools.cached_property
     def model(self) -> ModelConfig:
@@ -252,6 +262,13 @@ class TrainConfig:
     def parallelism(self) -> Parallel:
         return self.parallel or self._defaults.parallel
 
+    def checkpoints_blocks(self, num_params: int) -> bool:
+        """Whether blocks are activation-checkpointed for a model of ``num_params`` parameters:
+        ``activation_checkpointing`` on, or auto and above :data:`AUTO_CHECKPOINT_PARAMS`."""
+        if self.activation_checkpointing == "auto":
+            return num_params > AUTO_CHECKPOINT_PARAMS
+        return self.activation_checkpointing == "on"
+
     def validate(self) -> None:
         """Checks the values that the loop cannot recover from.
 
@@ -276,5 +293,10 @@ class TrainConfig:
             raise ValueError(f"eval_every must be >= 0 (0: no eval), got {self.eval_every}")
         if self.eval_batches < 1:
             raise ValueError(f"eval_batches must be >= 1, got {self.eval_batches}")
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise ValueError(
+                f"activation_checkpointing {self.activation_checkpointing!r} is not one of "
+                f"{', '.join(ACTIVATION_CHECKPOINTING)}"
+            )
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("checkpoint_every needs checkpoint_dir")

@@ -184,6 +184,24 @@ def eval_tokens_for(total_tokens: int, eval_fraction: float) -> int:
     return math.ceil(eval_fraction * total_tokens)
 
 
+def split_point(sizes: Sequence[int], eval_fraction: float) -> int:
+    """Where the held-out tail of documents of ``sizes`` tokens starts: on the boundary between
+    two documents nearest to holding out the last :func:`eval_tokens_for` tokens (the earlier
+    boundary, holding out more, on a tie), so that no document is split between training and
+    eval and both sides keep at least one document. A single document is cut at the token count
+    itself, as nothing else leaves both sides tokens. The total when nothing is held out.
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 0.5].
+    """
+    total = sum(sizes)
+    target = total - eval_tokens_for(total, eval_fraction)
+    if target == total or len(sizes) < 2:
+        return target
+    boundaries = np.cumsum(sizes[:-1]).tolist()
+    return int(min(boundaries, key=lambda b: (abs(b - target), b)))
+
+
 def write_split_dataset(
     out: Path,
     documents: Sequence[tuple[np.ndarray, np.ndarray | None]],
@@ -194,9 +212,9 @@ def write_split_dataset(
     shard_tokens: int = 1 << 24,
 ) -> dict[str, object]:
     """Writes ``documents`` (token ids and a mask or None, in order) as a format-2 dataset and
-    returns its manifest. The held-out split is the tail of the token stream, the last
-    :func:`eval_tokens_for` tokens (so the last documents, the first of them possibly cut),
-    written as ``eval_*`` shards; a mask stream is written when any document has a mask.
+    returns its manifest. The held-out split is the tail of the token stream from
+    :func:`split_point` on (whole documents, unless there is only one), written as ``eval_*``
+    shards; a mask stream is written when any document has a mask.
     ``identity`` (the tokenizer's name, SHA-256 and EOS id) goes into the manifest as given.
 
     Raises:
@@ -205,8 +223,7 @@ def write_split_dataset(
     out.mkdir(parents=True, exist_ok=True)
     dtype = dtype_for_vocab(vocab_size)
     masked = any(mask is not None for _, mask in documents)
-    total = sum(tokens.size for tokens, _ in documents)
-    train_left = total - eval_tokens_for(total, eval_fraction)
+    train_left = split_point([tokens.size for tokens, _ in documents], eval_fraction)
     train = _ShardWriter(out, "shard", dtype, shard_tokens, masked=masked)
     held_out = _ShardWriter(out, "eval", dtype, shard_tokens, masked=masked)
     for tokens, mask in documents:

@@ -78,10 +78,11 @@ class Backend:
 
     @classmethod
     def check_plan(
-        cls, *, strategy: Parallel, preset: str, num_params: int, instance_type: str
+        cls, *, strategy: Parallel, model: str, num_params: int, instance_type: str
     ) -> None:
-        """Raises ValueError when this backend cannot train ``preset`` (``num_params``
-        parameters) with ``strategy`` on ``instance_type``; every plan passes by default."""
+        """Raises ValueError when this backend cannot train ``model`` (``num_params``
+        parameters; the label its messages use: ``preset 'NAME'`` or ``model 'DIR'``) with
+        ``strategy`` on ``instance_type``; every plan passes by default."""
 
     def _device(self) -> torch.device:
         return torch.device("cpu")
@@ -310,14 +311,14 @@ class XlaBackend(Backend):
 
     @classmethod
     def check_plan(
-        cls, *, strategy: Parallel, preset: str, num_params: int, instance_type: str
+        cls, *, strategy: Parallel, model: str, num_params: int, instance_type: str
     ) -> None:
-        """Each rank holds a full replica: refuses ``fsdp`` and a preset whose FP32 weights,
+        """Each rank holds a full replica: refuses ``fsdp`` and a model whose FP32 weights,
         gradients and AdamW state outgrow one NeuronCore's device memory.
 
         Raises:
-            ValueError: naming the strategy, or the preset, the bytes it needs and those
-                available.
+            ValueError: naming the strategy, or the model (its label ``model``), the bytes it
+                needs and those available.
             trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
         """
         if strategy == "fsdp":
@@ -330,11 +331,11 @@ class XlaBackend(Backend):
         available = device_memory_per_rank(instance_type, logical_nc_config(instance_type))
         if needed > available:
             raise ValueError(
-                f"preset {preset!r} needs {needed:,} bytes of device memory per NeuronCore "
+                f"{model} needs {needed:,} bytes of device memory per NeuronCore "
                 f"({num_params:,} parameters x {TRAIN_STATE_BYTES_PER_PARAM} bytes of FP32 "
                 f"weights, gradients and AdamW state) before activations, but a NeuronCore of "
                 f"{instance_type} has {available:,}; the xla stack cannot shard: use a smaller "
-                f"preset, or trn2/trn3 with the native stack and --parallel fsdp"
+                f"model, or trn2/trn3 with the native stack and --parallel fsdp"
             )
 
     def _device(self) -> torch.device:

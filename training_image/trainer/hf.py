@@ -14,7 +14,9 @@ attention has one fused ``qkv`` projection ([q; k; v] rows) and our MLP one fuse
 
 Loading (:func:`load_pretrained`) builds the model on the meta device and assigns the tensors
 read from the safetensors files (memory-mapped by the library) as FP32 parameters: no random
-initialization, and one FP32 copy of the weights per process.
+initialization, and one FP32 copy of the weights in the process that reads. A run on several
+FSDP2 ranks reads on rank 0 alone and broadcasts into the other ranks' shards (see
+:func:`trainer.loop.build_model`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,6 +122,9 @@ MOE_FIELDS = (
     "num_experts_per_tok",
     "moe_intermediate_size",
 )
+# Set, read_weights appends a JSON line (RANK, the files read) to the file it names at each
+# read: a debug record of which ranks read the safetensors files (the tests check it).
+READ_LOG_ENV = "TRN_WEIGHTS_READ_LOG"
 # Tensors some checkpoints carry that are not weights (RoPE tables saved by old versions).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -476,6 +482,7 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
         )
     expected = _shapes(cfg)
     state: dict[str, torch.Tensor] = {}
+    _record_read(sorted(set(files.values())))
     with _opened(sorted(set(files.values()))) as handles:
         for ours, parts in names.items():
             if ours == "head.weight" and cfg.tie_embeddings:
@@ -497,6 +504,14 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
                 start += rows
             state[ours] = fused
     return state
+
+
+def _record_read(paths: Sequence[Path]) -> None:
+    log = os.environ.get(READ_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            record = {"rank": int(os.environ.get("RANK", "0")), "files": [p.name for p in paths]}
+            f.write(json.dumps(record) + "\n")
 
 
 @contextlib.contextmanager

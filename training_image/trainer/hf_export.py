@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from trainer import hf, lora
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
+from trainer.config import ModelConfig
 
 
 def export_checkpoint(
@@ -67,16 +70,43 @@ def _export(
             f"--merge-lora: checkpoint {name} in {checkpoint_dir} is not of a LoRA run "
             "(`trn-train run --model DIR --lora-rank R`); export it without --merge-lora"
         )
-    state = checkpointer.load(name, verify=False)["model"]
+    state = checkpointer.load(name, verify=False, parts=("model",))["model"]
     if isinstance(adapter, dict):
         spec = lora.LoraSpec.from_dict(adapter)
+        base = checkpointer.base_model_of(name)
         if not merge_lora:
-            base = checkpointer.base_model_of(name)
             written = lora.save_adapter(state, raw, spec, out, base_model=base, dtype=dtype)
             return written + _copy_carried(checkpointer, name, carried, out)
-        state = lora.merged(state, hf.parse_config(raw, seq_len=1), spec)
+        cfg = hf.parse_config(raw, seq_len=1)
+        state = lora.merged({**_base_weights(checkpointer, name, base, cfg), **state}, cfg, spec)
     written = hf.save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=limit)
     return written + _copy_carried(checkpointer, name, carried, out)
+
+
+def _base_weights(
+    checkpointer: Checkpointer, name: str, base: str, cfg: ModelConfig
+) -> dict[str, torch.Tensor]:
+    """The base weights a LoRA checkpoint's adapters merge into: its checkpoint holds the
+    adapters only, so they are read from the base model directory it recorded, which must
+    still hold the model it was trained on (the same :func:`trainer.hf.fingerprint`).
+
+    Raises:
+        CheckpointError: the directory is missing or holds another model.
+    """
+    recorded = (checkpointer.run_of(name) or {}).get("model")
+    if not base or not Path(base).is_dir():
+        raise CheckpointError(
+            f"--merge-lora: checkpoint {name} holds LoRA adapters only and its base model "
+            f"directory {base!r} is not here; export the adapter without --merge-lora, or run "
+            "where the base model is"
+        )
+    found = hf.fingerprint(base)
+    if found != recorded:
+        raise CheckpointError(
+            f"--merge-lora: base model {base} has fingerprint {found}, but checkpoint {name} "
+            f"was trained on {recorded}: the adapters only fit the base they were trained on"
+        )
+    return hf.read_weights(base, cfg)
 
 
 def _copy_carried(

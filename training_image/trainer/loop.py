@@ -20,7 +20,7 @@ from trainer import device, hf, lora, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
-from trainer.metrics import MetricsLog, mfu
+from trainer.metrics import MetricsLog, mfu, train_flops_per_token
 from trainer.model import GPT
 
 
@@ -179,6 +179,92 @@ def _num_params(cfg: TrainConfig) -> int:
         return GPT(cfg.model).num_params()
 
 
+def flops_per_token(cfg: TrainConfig) -> float:
+    """Training FLOPs per token of ``cfg``'s model (see
+    :func:`trainer.metrics.train_flops_per_token`), counted on a model on the meta device with
+    the run's LoRA adapters: the embedding lookups
+    (learned positions, and the input embedding unless it is the tied output head) are not
+    matrix products; a LoRA run trains the adapters only."""
+    with torch.device("meta"):
+        gpt = GPT(cfg.model)
+        if cfg.lora is not None:
+            lora.apply(gpt, cfg.model, cfg.lora)
+    lookups = {id(gpt.pos.weight)} if gpt.pos is not None else set()
+    if not cfg.model.tie_embeddings:
+        lookups.add(id(gpt.tok.weight))
+    products = [p for p in gpt.parameters() if id(p) not in lookups]
+    return train_flops_per_token(
+        matmul_params=sum(p.numel() for p in products),
+        trained_params=sum(p.numel() for p in products if p.requires_grad),
+        layers=cfg.model.n_layer,
+        width=cfg.model.d_model,
+        seq_len=cfg.model.seq_len,
+    )
+
+
+def _fsdp_sharded(cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backend) -> bool:
+    """Whether the model is sharded: FSDP2 on several ranks of a backend whose gradients it
+    reduces (every one but XLA, see :func:`trainer.parallel.wrap`)."""
+    return ranks.distributed and cfg.parallelism == "fsdp" and backend.reduces_in_backward
+
+
+def _initial_model(cfg: TrainConfig) -> GPT:
+    """The model as training starts: ``cfg.model_dir``'s weights or the preset's random ones
+    (drawn with ``cfg.seed``), with LoRA adapters when ``cfg.lora`` asks (drawn after)."""
+    torch.manual_seed(cfg.seed)
+    gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
+    if cfg.lora is not None:
+        lora.apply(gpt, cfg.model, cfg.lora)  # the optimizer then sees the adapters only
+    return gpt
+
+
+def build_model(
+    cfg: TrainConfig,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    *,
+    activation_checkpointing: bool = False,
+) -> tuple[torch.nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """The model wrapped for data parallelism and its forward (see
+    :func:`trainer.parallel.wrap`).
+
+    A ``--model`` run on several FSDP2 ranks never holds the full weights on a rank but rank 0:
+    every rank builds the model on the meta device and shards it, rank 0 alone reads the
+    safetensors files (:func:`trainer.hf.load_pretrained`, plus the LoRA adapters drawn as one
+    rank would), and torch's ``set_model_state_dict`` with ``broadcast_from_rank0`` sends each
+    tensor from rank 0 to every rank, which keeps its shard. The RoPE tables (buffers that are
+    not in the state) are computed again on every rank after ``to_empty``.
+    """
+    if not (cfg.model_dir and _fsdp_sharded(cfg, ranks, backend)):
+        gpt = _initial_model(cfg)
+        model, forward = parallel.wrap(
+            backend.prepare_model(gpt),
+            ranks,
+            cfg.parallelism,
+            backend,
+            activation_checkpointing=activation_checkpointing,
+        )
+        return model, forward
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = _initial_model(cfg).state_dict() if ranks.is_main else {}
+    with torch.device("meta"):
+        gpt = GPT(cfg.model)
+        if cfg.lora is not None:
+            lora.apply(gpt, cfg.model, cfg.lora)
+    model, forward = parallel.wrap(
+        gpt, ranks, cfg.parallelism, backend, activation_checkpointing=activation_checkpointing
+    )
+    model.to_empty(device=backend.device)
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    del full
+    with torch.device(backend.device):
+        gpt.init_rope()
+    return model, forward
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Trains ``cfg.preset``, or ``cfg.model_dir``'s model from its weights, until
     ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
@@ -198,10 +284,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     ranks = parallel.ranks_from_env()
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
+    num_params = _num_params(cfg)
     backend.check_plan(
         strategy=cfg.parallelism,
-        preset=cfg.model_dir or cfg.preset,
-        num_params=_num_params(cfg),
+        model=_model_label(cfg),
+        num_params=num_params,
         instance_type=cfg.instance_type,
     )
     parallel.init(ranks, backend.dist_backend)
@@ -225,12 +312,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     )
     held_out = eval_sampler(cfg, dataset, ranks)
 
-    torch.manual_seed(cfg.seed)
-    gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
-    if cfg.lora is not None:
-        lora.apply(gpt, cfg.model, cfg.lora)  # the optimizer then sees the adapters only
-    flops_per_token = gpt.flops_per_token()
-    model, forward = parallel.wrap(backend.prepare_model(gpt), ranks, cfg.parallelism, backend)
+    model, forward = build_model(
+        cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
+    )
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
 
     checkpointer = (
@@ -249,11 +333,14 @@ def train(cfg: TrainConfig) -> TrainResult:
         manifest_sha256=dataset.manifest_sha256,
         model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
     )
+    # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
+    sharded = _fsdp_sharded(cfg, ranks, backend)
     start = 0
     if checkpointer is not None:
         start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
 
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
+    flops = flops_per_token(cfg)
     precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
     log = MetricsLog(
@@ -320,7 +407,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                         "lr": lr,
                         "grad_norm": float(grad_norm),
                         "tokens_per_s": tokens_per_s,
-                        "mfu": mfu(tokens_per_s / ranks.world_size, flops_per_token, peak),
+                        "mfu": mfu(tokens_per_s / ranks.world_size, flops, peak),
                         "precision": precision,
                         "step_time_s": elapsed / logged_steps,
                         "tokens": step * tokens_per_step,
@@ -339,7 +426,16 @@ def train(cfg: TrainConfig) -> TrainResult:
             preempted = parallel.any_rank(stop.set, ranks, control)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
             if checkpointer is not None and (periodic or preempted or step == cfg.max_steps):
-                saved_at = checkpointer.save(step, model, optimizer, main=ranks.is_main, run=run)
+                saved_at = checkpointer.save(
+                    step,
+                    model,
+                    optimizer,
+                    main=ranks.is_main,
+                    run=run,
+                    sharded=sharded,
+                    ranks=ranks,
+                    group=control,
+                )
             if preempted:
                 break
     log.close()

@@ -11,6 +11,24 @@ TRAIN = "train"
 EVAL = "eval"
 
 
+def train_flops_per_token(
+    *, matmul_params: int, trained_params: int, layers: int, width: int, seq_len: int
+) -> float:
+    """Training FLOPs per token of the work a step does, the numerator of :func:`mfu`.
+
+    ``matmul_params`` (N) are the weights of matrix products, every one of them trained or not
+    (embedding lookups are not products and are left out; a tied output head counts once);
+    ``trained_params`` (N_t) are those of them that get gradients. The forward multiplies by
+    every weight: 2N. Backward computes the gradient with respect to the activations through
+    every weight, frozen or not: 2N; and the gradient with respect to the weights only for the
+    trained ones: 2 N_t. Attention scores and values add 12 * layers * width * seq_len
+    (forward and both halves of backward; PaLM appendix B), none of it skipped by freezing.
+    Full training (N_t = N) is the familiar 6N + 12 L d T; a LoRA run, whose base weights are
+    frozen, does 4N + 2 N_t + 12 L d T with N including the adapters.
+    """
+    return 4.0 * matmul_params + 2.0 * trained_params + 12.0 * layers * width * seq_len
+
+
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak; None when the peak is
     unknown."""

@@ -61,10 +61,16 @@ def shutdown() -> None:
 
 
 def wrap(
-    model: nn.Module, ranks: Ranks, strategy: Parallel, backend: Backend
+    model: nn.Module,
+    ranks: Ranks,
+    strategy: Parallel,
+    backend: Backend,
+    *,
+    activation_checkpointing: bool = False,
 ) -> tuple[nn.Module, Callable[..., torch.Tensor]]:
     """The model for data parallelism and the callable that runs its forward, compiled by
-    ``backend``.
+    ``backend``; with ``activation_checkpointing`` (default False) each of ``model.blocks``
+    first goes into :func:`checkpoint_blocks`.
 
     One rank: the model, compiled whole. ``ddp``: DDP around the model whose forward is compiled,
     as DDP's own forward (its logging and bucket bookkeeping) is not traceable in one graph; on a
@@ -73,6 +79,8 @@ def wrap(
     precision, each block's forward compiled before sharding (the torchtitan pattern): Dynamo
     does not trace FSDP2's hooks, so a whole-model one-graph compile breaks at each block.
     """
+    if activation_checkpointing:
+        checkpoint_blocks(model)
     if not ranks.distributed or not backend.reduces_in_backward:
         return model, backend.compile(model)
     if strategy == "fsdp":
@@ -93,12 +101,40 @@ def _compile_forward(module: nn.Module, backend: Backend) -> None:
         module.forward = backend.compile(module.forward)
 
 
+def checkpoint_blocks(model: nn.Module) -> int:
+    """Puts each of ``model.blocks`` in a non-reentrant activation-checkpoint wrapper
+    (torch.distributed's ``checkpoint_wrapper``, which runs ``torch.utils.checkpoint``): its
+    forward keeps only the block's inputs, and backward runs the block's forward again. Under
+    FSDP2 the wrapper is what :func:`_shard` shards, so the gather of a block's parameters stays
+    outside the recomputed region (the torchtitan pattern). The wrapped block's own forward is
+    compiled where ``backend`` compiles per block (FSDP2) before it is wrapped. State-dict keys
+    do not change: the wrapper's hooks drop its ``_checkpoint_wrapped_module`` prefix. Returns
+    the number of blocks wrapped."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        return 0
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return len(blocks)
+
+
+def _inner(block: nn.Module) -> nn.Module:
+    """The block a checkpoint wrapper holds, or ``block`` itself."""
+    inner = getattr(block, "_checkpoint_wrapped_module", block)
+    return inner if isinstance(inner, nn.Module) else block
+
+
 def _shard(model: nn.Module, backend: Backend) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     policy = backend.mixed_precision()
     for block in getattr(model, "blocks", []):
-        _compile_forward(block, backend)
+        _compile_forward(_inner(block), backend)
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
@@ -142,6 +178,15 @@ def any_rank(flag: bool, ranks: Ranks, group: dist.ProcessGroup | None) -> bool:
     t = torch.tensor([int(flag)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())
+
+
+def all_gather_object(obj: object, ranks: Ranks, group: dist.ProcessGroup | None) -> list[object]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not ranks.distributed:
+        return [obj]
+    box: list[object] = [None] * ranks.world_size
+    dist.all_gather_object(box, obj, group=group)
+    return box
 
 
 def broadcast_object(obj: object, ranks: Ranks, group: dist.ProcessGroup | None) -> object:
