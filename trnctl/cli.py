@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 from trnctl.commands import (
     addons,
     capacity,
+    compare,
     cost,
     data,
     job,
@@ -59,7 +60,7 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Operate a Trainium training platform: preflight, capacity, data, jobs, validation,
-    previews, cost.
+    previews, cost, comparisons of runs.
 
     AWS credentials, region and endpoints come from the standard AWS environment (AWS_PROFILE,
     AWS_REGION, AWS_ENDPOINT_URL, ...).
@@ -75,6 +76,7 @@ app.add_typer(model.app, name="model")
 app.add_typer(job.app, name="job")
 app.command("validate")(validate.validate_command)
 app.command("cost")(cost.cost_command)
+app.command("compare")(compare.compare_command)
 
 
 def main() -> None:
