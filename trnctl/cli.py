@@ -18,6 +18,7 @@ from trnctl.commands import (
     addons,
     capacity,
     code,
+    compare,
     cost,
     data,
     job,
@@ -60,7 +61,7 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Operate a Trainium training platform: preflight, capacity, data, jobs, validation,
-    previews, cost.
+    previews, cost, comparisons of runs.
 
     AWS credentials, region and endpoints come from the standard AWS environment (AWS_PROFILE,
     AWS_REGION, AWS_ENDPOINT_URL, ...).
@@ -77,6 +78,7 @@ app.add_typer(code.app, name="code")
 app.add_typer(job.app, name="job")
 app.command("validate")(validate.validate_command)
 app.command("cost")(cost.cost_command)
+app.command("compare")(compare.compare_command)
 
 
 def main() -> None:

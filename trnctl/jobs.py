@@ -140,7 +140,7 @@ class TrainingArgs:
             "--checkpoint-dir",
             checkpoint_dir(job_name),
             "--metrics",
-            f"{ws.FSX_MOUNT}/runs/{job_name}/metrics.jsonl",
+            metrics_path(job_name),
         ]
         for flag, value in (
             ("--max-steps", self.max_steps),
@@ -243,6 +243,22 @@ def checkpoint_dir(job_name: str) -> str:
     """Where the TrainJob ``job_name`` keeps its checkpoints, on FSx (exported to the
     checkpoints bucket under ``<job_name>/``)."""
     return f"{ws.FSX_MOUNT}/checkpoints/{job_name}"
+
+
+# The metrics file's name in the job's checkpoint directory: there FSx exports it to the
+# checkpoints bucket with the checkpoints, where `trnctl compare` reads it.
+METRICS_FILE = "metrics.jsonl"
+
+
+def metrics_path(job_name: str) -> str:
+    """Where the TrainJob ``job_name`` writes its metrics: beside its checkpoints, so that FSx
+    exports them to ``s3://<checkpoints bucket>/<job_name>/metrics.jsonl``."""
+    return f"{checkpoint_dir(job_name)}/{METRICS_FILE}"
+
+
+def metrics_key(job_name: str) -> str:
+    """The key of the job's exported metrics file in the checkpoints bucket."""
+    return f"{job_name}/{METRICS_FILE}"
 
 
 # The export runs the trainer's CLI itself (``trn-train`` is ``python3 -m trainer`` in the image)

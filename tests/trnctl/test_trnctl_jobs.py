@@ -63,7 +63,7 @@ def test_render_references_the_runtime_and_passes_the_schema() -> None:
         "--checkpoint-dir",
         "/fsx/checkpoints/train-125m",
         "--metrics",
-        "/fsx/runs/train-125m/metrics.jsonl",
+        "/fsx/checkpoints/train-125m/metrics.jsonl",
         "--max-steps",
         "100",
     ]

@@ -66,7 +66,7 @@ def test_a_model_job_reads_the_model_where_it_reads_its_data(
         "--checkpoint-dir",
         "/fsx/checkpoints/ft-1",
         "--metrics",
-        "/fsx/runs/ft-1/metrics.jsonl",
+        "/fsx/checkpoints/ft-1/metrics.jsonl",
         "--max-steps",
         "9",
     ]

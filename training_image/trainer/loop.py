@@ -11,6 +11,8 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 
 import torch
@@ -20,7 +22,7 @@ from trainer import device, hf, lora, optim, parallel
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
-from trainer.metrics import MetricsLog, mfu, train_flops_per_token
+from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
 from trainer.model import GPT
 
 
@@ -280,6 +282,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         trainer.hf.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
             this trainer does not implement, or weights that do not match its config.
     """
+    started_at, started = datetime.now(UTC), time.perf_counter()  # the run header's clock
     cfg.validate()
     ranks = parallel.ranks_from_env()
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
@@ -347,6 +350,19 @@ def train(cfg: TrainConfig) -> TrainResult:
         cfg.metrics if ranks.is_main else "",
         total_steps=cfg.max_steps,
         progress=cfg.progress if ranks.is_main else False,
+        header=run_header(
+            started_at=started_at,
+            nodes=ranks.world_size // ranks.local_world_size,
+            world_size=ranks.world_size,
+            device=backend.name,
+            precision=precision,
+            model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
+            seq_len=cfg.model.seq_len,
+            global_batch_tokens=tokens_per_step,
+            flops_per_token=flops,
+            peak_flops_per_rank=peak,
+        ),
+        started=started,
     )
     batches = backend.batches(_stream(sampler, start, cfg.max_steps, cfg.grad_accum))
 

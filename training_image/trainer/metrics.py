@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 TRAIN = "train"
 EVAL = "eval"
+# The first record a run writes (each start of a resumed run writes its own); see run_header.
+RUN = "run"
 
 
 def train_flops_per_token(
@@ -37,10 +43,48 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -
     return tokens_per_s * flops_per_token / peak_flops
 
 
+def run_header(
+    *,
+    started_at: datetime,
+    nodes: int,
+    world_size: int,
+    device: str,
+    precision: str,
+    model: str,
+    seq_len: int,
+    global_batch_tokens: int,
+    flops_per_token: float,
+    peak_flops_per_rank: float | None,
+    env: Mapping[str, str] = os.environ,
+) -> dict[str, Any]:
+    """The ``"kind": "run"`` record that opens a run's metrics (``trnctl compare`` reads it):
+    what ran where, and what its MFU is computed from. ``instance_type`` comes from
+    ``TRN_INSTANCE_TYPE``, which the platform sets in every job, and is None outside one (a
+    local run); ``started_at`` (timezone-aware) is written as UTC ISO-8601."""
+    return {
+        "kind": RUN,
+        "instance_type": env.get("TRN_INSTANCE_TYPE") or None,
+        "nodes": nodes,
+        "world_size": world_size,
+        "device": device,
+        "precision": precision,
+        "model": model,
+        "global_batch_tokens": global_batch_tokens,
+        "seq_len": seq_len,
+        "flops_per_token": flops_per_token,
+        "peak_flops_per_rank": peak_flops_per_rank,
+        "started_at": started_at.astimezone(UTC).isoformat(),
+    }
+
+
 class MetricsLog:
     """Appends one JSON object per line to ``path`` (none when empty), flushing each line so that
     a killed run keeps every interval it logged; draws a progress line on ``stream`` when
-    ``progress`` is True (None: when the stream is a terminal)."""
+    ``progress`` is True (None: when the stream is a terminal).
+
+    With a ``header`` (see :func:`run_header`) it writes that first, and every later record
+    carries ``elapsed_s``: seconds since ``started``, a :func:`time.perf_counter` reading taken
+    when the run started (default: now)."""
 
     def __init__(
         self,
@@ -49,18 +93,32 @@ class MetricsLog:
         total_steps: int,
         progress: bool | None = None,
         stream: TextIO = sys.stderr,
+        header: dict[str, Any] | None = None,
+        started: float | None = None,
     ) -> None:
         self.total_steps, self.stream = total_steps, stream
         self.progress = stream.isatty() if progress is None else progress
         self._file: TextIO | None = None
+        self._started: float | None = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+        if header is not None:
+            self._started = time.perf_counter() if started is None else started
+            self._append(header)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+
+    def _timed(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self._started is None:
+            return record
+        return {**record, "elapsed_s": time.perf_counter() - self._started}
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._append(self._timed(record))
         if self.progress:
             mfu_text = "" if record.get("mfu") is None else f" mfu {record['mfu']:.1%}"
             self.stream.write(
@@ -72,9 +130,7 @@ class MetricsLog:
     def write_eval(self, record: dict[str, Any]) -> None:
         """Appends an eval record (``step``, ``eval_loss``, ``eval_tokens``), marked
         ``"kind": "eval"``; the progress line is left as it is."""
-        if self._file is not None:
-            self._file.write(json.dumps({"kind": EVAL, **record}) + "\n")
-            self._file.flush()
+        self._append(self._timed({"kind": EVAL, **record}))
 
     def close(self) -> None:
         if self.progress:
@@ -85,8 +141,9 @@ class MetricsLog:
 
 def read(path: str | Path, kind: str = TRAIN) -> list[dict[str, Any]]:
     """Records of a metrics file of one ``kind``: :data:`TRAIN` (default; records without a
-    ``kind``) or :data:`EVAL`. When steps repeat (a resumed run re-trains the steps after its
-    last checkpoint), the later record wins."""
+    ``kind``) or :data:`EVAL` (:data:`RUN` headers have no step: read them with
+    :func:`headers`). When steps repeat (a resumed run re-trains the steps after its last
+    checkpoint), the later record wins."""
     by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():
         if line.strip():
@@ -94,3 +151,9 @@ def read(path: str | Path, kind: str = TRAIN) -> list[dict[str, Any]]:
             if record.get("kind", TRAIN) == kind:
                 by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+def headers(path: str | Path) -> list[dict[str, Any]]:
+    """The :data:`RUN` records of a metrics file, one per start of the run, oldest first."""
+    records = (json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
+    return [r for r in records if r.get("kind") == RUN]
