@@ -6,6 +6,7 @@ app needs one import for constructs and per-type facts.
 
 from constructs_lib.cluster import NeuronCluster, NeuronClusterProps
 from constructs_lib.data_paths import TrainingDataPaths, TrainingDataPathsProps
+from constructs_lib.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupProps
 from constructs_lib.network import (
     DEFAULT_INTERFACE_ENDPOINTS,
     TrainingNetwork,
@@ -21,6 +22,8 @@ from trn_catalog import get as instance_spec
 __all__ = [
     "CATALOG",
     "DEFAULT_INTERFACE_ENDPOINTS",
+    "GpuNodeGroup",
+    "GpuNodeGroupProps",
     "InstanceSpec",
     "NeuronCluster",
     "NeuronClusterProps",

@@ -23,14 +23,13 @@ from constructs_lib._common import (
     launch_template,
     worker_node_role,
 )
+from constructs_lib.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupProps
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
 from trn_catalog import versions
+from trn_catalog.workspace import GPU_NODE_TYPE, GPU_TAINT_KEY, NEURON_TAINT_KEY, NODE_TYPE_LABEL
 
-NEURON_TOLERATION = {
-    "key": "aws.amazon.com/neuron",
-    "operator": "Exists",
-    "effect": "NoSchedule",
-}
+NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 # No key and no effect: tolerates every taint. The node problem detector must keep running on
 # the degraded nodes it reports, whatever taints them.
 TOLERATE_ALL = {"operator": "Exists"}
@@ -209,6 +208,23 @@ class NeuronCluster(Construct):
         )
         for name in NODE_BOOTSTRAP_ADDONS:
             group.nodegroup.node.add_dependency(self.addons[name])
+        return group
+
+    def add_gpu_nodegroup(self, construct_id: str, **props: Any) -> GpuNodeGroup:
+        """Add a :class:`GpuNodeGroup` (``props`` as for :class:`GpuNodeGroupProps`, less
+        ``cluster``) and, with the first one, the NVIDIA device plugin chart of
+        :data:`trn_catalog.versions.NVIDIA_DEVICE_PLUGIN_CHART`, which then joins ``charts``.
+
+        The EFA device plugin already admits every GPU catalog type and tolerates the GPU taint.
+        """
+        group = GpuNodeGroup(
+            self, construct_id, props=GpuNodeGroupProps(cluster=self.icluster, **props)
+        )
+        for name in NODE_BOOTSTRAP_ADDONS:
+            group.nodegroup.node.add_dependency(self.addons[name])
+        pin = versions.NVIDIA_DEVICE_PLUGIN_CHART
+        if pin.release not in self.charts:
+            self.charts[pin.release] = self._chart(pin, nvidia_device_plugin_values())
         return group
 
     def pod_identity_role(
@@ -427,13 +443,35 @@ def neuron_values(scheduler_tag: str | None = None) -> dict[str, Any]:
 
 def _efa_values() -> dict[str, Any]:
     # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge). Helm replaces
-    # lists, so this allowlist is the catalog's types alone: the only EFA nodes the platform runs.
+    # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
+    # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
     return {
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
-            "values": sorted(trn_catalog.CATALOG),
+            "values": sorted({*trn_catalog.CATALOG, *trn_catalog.GPU_CATALOG}),
         },
-        "tolerations": [NEURON_TOLERATION],
+        "tolerations": [NEURON_TOLERATION, GPU_TOLERATION],
+    }
+
+
+def nvidia_device_plugin_values() -> dict[str, Any]:
+    """Values of the NVIDIA device plugin chart: the plugin on the GPU node group only.
+
+    The chart's default affinity asks for node-feature-discovery labels, and NFD is not
+    installed (it comes with gpu-feature-discovery, off); Helm replaces the term list, so this
+    affinity is the GPU group's node label alone. The tolerations are the GPU taint's (the
+    chart's default list also names the deprecated CriticalAddonsOnly)."""
+    gpu_nodes = {"key": NODE_TYPE_LABEL, "operator": "In", "values": [GPU_NODE_TYPE]}
+    return {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [gpu_nodes]}]
+                }
+            }
+        },
+        "nodeSelector": {NODE_TYPE_LABEL: GPU_NODE_TYPE},
+        "tolerations": [GPU_TOLERATION],
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,11 +24,12 @@ from constructs_lib._common import (
     worker_node_role,
 )
 from trn_catalog import formats
+from trn_catalog.workspace import NEURON_TAINT_KEY, NODE_TYPE_LABEL, TRAINIUM_NODE_TYPE
 
 CapacityMode = Literal["on-demand", "capacity-block", "odcr"]
-NEURON_TAINT_KEY = "aws.amazon.com/neuron"
-NODE_TYPE_LABEL = "trn-platform/node-type"
-INSTANCE_TAGS = {NODE_TYPE_LABEL: "trainium"}
+# (network card, device index, interface type) of one launch-template network interface.
+Interface = tuple[int, int, str]
+INSTANCE_TAGS = {NODE_TYPE_LABEL: TRAINIUM_NODE_TYPE}
 # AWS::EKS::Nodegroup's create-only properties but its name (CloudFormation resource schema): a
 # change to any of them replaces the node group, so the generated name must change with them.
 REPLACING_PROPERTIES = (
@@ -131,11 +132,18 @@ class TrainiumNodeGroup(Construct):
             name prefix EKS would refuse.
     """
 
+    # What a subclass for other accelerators changes (GpuNodeGroup); the launch template, EFA
+    # interfaces, capacity modes and the replacement-safe name stay the same.
+    AMI_TYPE = eks.NodegroupAmiType.AL2023_X86_64_NEURON
+    TAINT_KEY = NEURON_TAINT_KEY
+    NODE_TYPE = TRAINIUM_NODE_TYPE
+    ROLE_DESCRIPTION = "Trainium worker nodes"
+
     def __init__(
         self, scope: Construct, construct_id: str, *, props: TrainiumNodeGroupProps
     ) -> None:
         super().__init__(scope, construct_id)
-        self.spec = _validate(props)
+        self.spec: Any = _validate(props, self._lookup)
         self.props = props
         self.efa_security_group = self._efa_security_group()
         self.placement_group = (
@@ -144,7 +152,7 @@ class TrainiumNodeGroup(Construct):
             else None
         )
         self.node_role = props.node_role or worker_node_role(
-            self, "NodeRole", "Trainium worker nodes"
+            self, "NodeRole", self.ROLE_DESCRIPTION
         )
         self.launch_template = self._launch_template()
         self._name = (
@@ -177,15 +185,30 @@ class TrainiumNodeGroup(Construct):
         return [
             {
                 "NetworkCardIndex": card,
-                # Device index 0 on every card: the EC2 layout for EFA-only interfaces on the
-                # cards after the primary's.
-                "DeviceIndex": 0,
-                "InterfaceType": "efa" if card == 0 else "efa-only",
+                "DeviceIndex": device,
+                "InterfaceType": kind,
                 "Groups": groups,
                 "DeleteOnTermination": True,
             }
+            for card, device, kind in self._interface_layout()
+        ]
+
+    def _lookup(self, instance_type: str) -> Any:
+        """The catalog entry of ``instance_type``; raises the catalog's unknown-type error."""
+        return trn_catalog.get(instance_type)
+
+    def _interface_layout(self) -> list[Interface]:
+        """One interface per network card: card 0 device 0 the primary ``efa`` interface, the
+        other cards' device 0 ``efa-only`` (the EC2 layout for EFA-only interfaces on the
+        cards after the primary's)."""
+        return [
+            (card, 0, "efa" if card == 0 else "efa-only")
             for card in range(self.spec.efa_interfaces)
         ]
+
+    @property
+    def instance_tags(self) -> dict[str, str]:
+        return {NODE_TYPE_LABEL: self.NODE_TYPE}
 
     def _launch_template(self) -> ec2.CfnLaunchTemplate:
         props = self.props
@@ -225,7 +248,7 @@ class TrainiumNodeGroup(Construct):
                 },
             }
         self._launch_data = data
-        return launch_template(self, "LaunchTemplate", data, instance_tags=INSTANCE_TAGS)
+        return launch_template(self, "LaunchTemplate", data, instance_tags=self.instance_tags)
 
     def replacement_digest(self) -> str:
         """A digest of what makes CloudFormation replace the node group; call it at synth."""
@@ -237,7 +260,7 @@ class TrainiumNodeGroup(Construct):
         facts["SubnetPlacement"] = _placement(self.props.subnet)
         if self.props.capacity == "capacity-block":
             facts["LaunchTemplateData"] = stack.resolve(
-                launch_template_data(self, self._launch_data, INSTANCE_TAGS)
+                launch_template_data(self, self._launch_data, self.instance_tags)
             )
         text = json.dumps(facts, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -254,7 +277,7 @@ class TrainiumNodeGroup(Construct):
             "Nodegroup",
             cluster=props.cluster,
             nodegroup_name=self._name,
-            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NEURON,
+            ami_type=self.AMI_TYPE,
             capacity_type=capacity_type,
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
@@ -268,12 +291,10 @@ class TrainiumNodeGroup(Construct):
             max_unavailable=1,
             enable_node_auto_repair=True,
             taints=[
-                eks.TaintSpec(
-                    key=NEURON_TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE
-                )
+                eks.TaintSpec(key=self.TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)
             ],
             labels={
-                NODE_TYPE_LABEL: "trainium",
+                NODE_TYPE_LABEL: self.NODE_TYPE,
                 "trn-platform/efa-interfaces": str(self.spec.efa_interfaces),
                 "trn-platform/capacity": props.capacity,
                 **props.labels,
@@ -303,10 +324,10 @@ def _attribute(cfn_property: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cfn_property).lower()
 
 
-def _validate(props: TrainiumNodeGroupProps) -> trn_catalog.InstanceSpec:
+def _validate(props: TrainiumNodeGroupProps, lookup: Callable[[str], Any]) -> Any:
     try:
-        spec = trn_catalog.get(props.instance_type)
-    except trn_catalog.UnknownInstanceTypeError as error:
+        spec = lookup(props.instance_type)
+    except KeyError as error:
         raise ValueError(f"instance_type: {error}") from None
     if not 0 <= props.nodes <= formats.MAX_BLOCK_INSTANCES:
         raise ValueError(

@@ -13,17 +13,28 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 import trn_catalog
-from constructs_lib.cluster import MOUNTPOINT_ADDON, NEURON_TOLERATION, install_addon
+from constructs_lib.cluster import (
+    GPU_TOLERATION,
+    MOUNTPOINT_ADDON,
+    NEURON_TOLERATION,
+    install_addon,
+)
 from trn_catalog import neuron_stacks, versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
+    GPU_INSTANCE_TYPE_ENV,
+    GPU_NODE_TYPE,
+    GPU_RESOURCE,
+    GPU_RUNTIME_NAME,
+    NODE_TYPE_LABEL,
     RUNTIME_NAME,
     TRAINER_ANCESTOR,
     TRAINER_ANCESTOR_LABEL,
     TRAINER_API_GROUP,
     TRAINER_API_VERSION,
     TRAINER_CONTAINER,
+    TRAINIUM_NODE_TYPE,
 )
 
 # The EFA driver pre-allocates 5128 x 2 MiB huge pages; each EFA pod asks for them (EFA docs).
@@ -38,6 +49,7 @@ SHUTDOWN_MARGIN_SECONDS = 30
 # NEURON_COMPILE_CACHE_URL keeps the S3 cache.
 NEFF_CACHE_DIR = f"{FSX_MOUNT}/neuron-cache/neff"
 FSX_CLAIM = "fsx"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 DATASETS_CLAIM = "datasets-s3"
 
 
@@ -65,6 +77,11 @@ class TrainingWorkspaceProps:
             or ``xla``, checked against ``instance_type`` when given: native (TorchNeuron) does
             not run on trn1. Default None: not checked here; the image's entrypoint refuses the
             mismatch when a job starts.
+        gpu_instance_type: a type of the GPU catalog: adds the ``cuda-torch`` runtime for the
+            GPU node group. Default None (no GPU runtime).
+        gpu_image_uri: the CUDA training image that runtime runs; required with
+            ``gpu_instance_type``.
+        gpu_nodes: default node count of a ``cuda-torch`` job. Default 1.
     """
 
     cluster: eks.ICluster
@@ -80,6 +97,9 @@ class TrainingWorkspaceProps:
     namespace: str = "training"
     service_account: str = "trainer"
     neuron_stack: str | None = None
+    gpu_instance_type: str | None = None
+    gpu_image_uri: str | None = None
+    gpu_nodes: int = 1
 
 
 class TrainingWorkspace(Construct):
@@ -102,14 +122,22 @@ class TrainingWorkspace(Construct):
     grace period less a margin, which the entrypoint hands torchrun as the time its workers get
     to write a last checkpoint after SIGTERM.
 
+    With ``gpu_instance_type`` it also writes the ``cuda-torch`` TrainingRuntime: the same
+    trainer, volumes, identity, grace period and torch policy, run from ``gpu_image_uri`` with
+    one pod per GPU node asking for all of its GPUs (``nvidia.com/gpu``) and EFA interfaces
+    (from the GPU catalog) and the EFA huge pages, selecting and tolerating the GPU node group,
+    with libfabric's EFA provider (``FI_PROVIDER=efa``, and ``FI_EFA_USE_DEVICE_RDMA=1`` on
+    types with EFA RDMA) for NCCL's aws-ofi-nccl plugin.
+
     Attributes:
         manifest (the KubernetesManifest), mountpoint_addon, fsx_claim, datasets_claim,
-        runtime_name.
+        runtime_name, gpu_spec (None without a GPU type).
 
     Raises:
         ValueError: a namespace or service account name that is not a DNS label, an instance
-            type outside the catalog, nodes below 1, or a ``neuron_stack`` that is unknown or
-            cannot run on the instance type (native on trn1).
+            type outside the catalog, nodes below 1, a ``neuron_stack`` that is unknown or
+            cannot run on the instance type (native on trn1), a ``gpu_instance_type`` outside
+            the GPU catalog, one without ``gpu_image_uri``, or gpu_nodes below 1.
     """
 
     def __init__(
@@ -127,6 +155,7 @@ class TrainingWorkspace(Construct):
         except trn_catalog.UnknownInstanceTypeError as error:
             raise ValueError(f"instance_type: {error}") from None
         _check_stack(props.neuron_stack, props.instance_type)
+        self.gpu_spec = _gpu_spec(props)
         self.props = props
         self.runtime_name = RUNTIME_NAME
         self.fsx_claim = FSX_CLAIM
@@ -227,6 +256,7 @@ class TrainingWorkspace(Construct):
             },
             _claim(DATASETS_CLAIM, namespace, f"{namespace}-datasets-s3", "ReadOnlyMany", "1200Gi"),
             self.training_runtime(),
+            *([self.gpu_training_runtime()] if self.gpu_spec is not None else []),
         ]
 
     def training_runtime(self) -> dict[str, Any]:
@@ -235,18 +265,30 @@ class TrainingWorkspace(Construct):
         Ranks per node are not set here: Trainer 2.2.0 removed the runtime's
         ``mlPolicy.torch.numProcPerNode``; each TrainJob carries ``spec.trainer.numProcPerNode``
         (``trnctl``), and the image's launcher takes the count from the catalog either way."""
+        return self._runtime(RUNTIME_NAME, self.props.nodes, self.pod_spec())
+
+    def gpu_training_runtime(self) -> dict[str, Any]:
+        """The ``cuda-torch`` TrainingRuntime: the trainer on the GPU node group.
+
+        Raises:
+            ValueError: the workspace has no ``gpu_instance_type``."""
+        if self.gpu_spec is None:
+            raise ValueError("gpu_instance_type is not set: this workspace has no GPU runtime")
+        return self._runtime(GPU_RUNTIME_NAME, self.props.gpu_nodes, self.gpu_pod_spec())
+
+    def _runtime(self, name: str, nodes: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
         props = self.props
         ancestor = {TRAINER_ANCESTOR_LABEL: TRAINER_ANCESTOR}
         return {
             "apiVersion": f"{TRAINER_API_GROUP}/{TRAINER_API_VERSION}",
             "kind": "TrainingRuntime",
             "metadata": {
-                "name": RUNTIME_NAME,
+                "name": name,
                 "namespace": props.namespace,
                 "labels": {"trainer.kubeflow.org/framework": "torch"},
             },
             "spec": {
-                "mlPolicy": {"numNodes": props.nodes, "torch": {}},
+                "mlPolicy": {"numNodes": nodes, "torch": {}},
                 "template": {
                     "spec": {
                         "replicatedJobs": [
@@ -254,7 +296,7 @@ class TrainingWorkspace(Construct):
                                 "name": TRAINER_CONTAINER,
                                 "template": {
                                     "metadata": {"labels": ancestor},
-                                    "spec": {"template": {"spec": self.pod_spec()}},
+                                    "spec": {"template": {"spec": pod_spec}},
                                 },
                             }
                         ]
@@ -268,28 +310,68 @@ class TrainingWorkspace(Construct):
         props, spec = self.props, self.spec
         resources = {
             "aws.amazon.com/neuron": spec.chips,
-            "vpc.amazonaws.com/efa": spec.efa_interfaces,
-            "hugepages-2Mi": EFA_HUGEPAGES,
-            # Leave room for the kubelet, system daemons and the host's page cache.
-            "memory": f"{spec.memory_gib * 3 // 4}Gi",
-            "cpu": str(spec.vcpus - 8 if spec.vcpus > 16 else spec.vcpus // 2),
+            **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
         }
+        env = [
+            {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
+            {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
+            {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": NEFF_CACHE_DIR},
+        ]
+        return self._pod(
+            props.image_uri,
+            {NODE_TYPE_LABEL: TRAINIUM_NODE_TYPE, INSTANCE_TYPE_LABEL: props.instance_type},
+            NEURON_TOLERATION,
+            env,
+            resources,
+        )
+
+    def gpu_pod_spec(self) -> dict[str, Any]:
+        """The pod of one GPU node in a ``cuda-torch`` job: all its GPUs, EFA, the same storage
+        and identity as the trn pods.
+
+        Raises:
+            ValueError: the workspace has no ``gpu_instance_type``."""
+        props, spec = self.props, self.gpu_spec
+        if spec is None or props.gpu_image_uri is None:
+            raise ValueError("gpu_instance_type is not set: this workspace has no GPU runtime")
+        resources = {
+            GPU_RESOURCE: spec.gpus,
+            **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
+        }
+        # aws-ofi-nccl runs NCCL over libfabric; the EFA provider, with GPUDirect RDMA where
+        # the type's EFA supports RDMA read (EC2's EFA supported-instance table).
+        env = [
+            {"name": GPU_INSTANCE_TYPE_ENV, "value": spec.name},
+            {"name": "FI_PROVIDER", "value": "efa"},
+            *([{"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}] if spec.efa_rdma else []),
+        ]
+        return self._pod(
+            props.gpu_image_uri,
+            {NODE_TYPE_LABEL: GPU_NODE_TYPE, INSTANCE_TYPE_LABEL: spec.name},
+            GPU_TOLERATION,
+            env,
+            resources,
+        )
+
+    def _pod(
+        self,
+        image: str,
+        node_selector: dict[str, str],
+        toleration: dict[str, str],
+        env: list[dict[str, str]],
+        resources: dict[str, Any],
+    ) -> dict[str, Any]:
         return {
-            "serviceAccountName": props.service_account,
+            "serviceAccountName": self.props.service_account,
             "terminationGracePeriodSeconds": GRACE_SECONDS,
-            "nodeSelector": {
-                "trn-platform/node-type": "trainium",
-                "node.kubernetes.io/instance-type": props.instance_type,
-            },
-            "tolerations": [NEURON_TOLERATION],
+            "nodeSelector": node_selector,
+            "tolerations": [toleration],
             "containers": [
                 {
                     "name": TRAINER_CONTAINER,
-                    "image": props.image_uri,
+                    "image": image,
                     "env": [
-                        {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
-                        {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
-                        {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": NEFF_CACHE_DIR},
+                        *env,
                         {
                             "name": "TRN_SHUTDOWN_TIMEOUT_S",
                             "value": str(GRACE_SECONDS - SHUTDOWN_MARGIN_SECONDS),
@@ -312,6 +394,34 @@ class TrainingWorkspace(Construct):
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
             ],
         }
+
+
+def _node_resources(efa_interfaces: int, memory_gib: int, vcpus: int) -> dict[str, Any]:
+    """EFA, its huge pages, and the node's memory and CPUs less room for the kubelet, system
+    daemons and the host's page cache."""
+    return {
+        "vpc.amazonaws.com/efa": efa_interfaces,
+        "hugepages-2Mi": EFA_HUGEPAGES,
+        "memory": f"{memory_gib * 3 // 4}Gi",
+        "cpu": str(vcpus - 8 if vcpus > 16 else vcpus // 2),
+    }
+
+
+def _gpu_spec(props: TrainingWorkspaceProps) -> trn_catalog.GpuInstanceSpec | None:
+    if props.gpu_instance_type is None:
+        return None
+    try:
+        spec = trn_catalog.get_gpu(props.gpu_instance_type)
+    except trn_catalog.UnknownGpuInstanceTypeError as error:
+        raise ValueError(f"gpu_instance_type: {error}") from None
+    if not props.gpu_image_uri:
+        raise ValueError(
+            f"gpu_image_uri is missing; gpu_instance_type {props.gpu_instance_type!r} needs "
+            "the CUDA training image to run"
+        )
+    if props.gpu_nodes < 1:
+        raise ValueError(f"gpu_nodes {props.gpu_nodes} is not allowed; use 1 or more")
+    return spec
 
 
 def _check_stack(stack: str | None, instance_type: str) -> None:

@@ -91,6 +91,21 @@ class TrnCapacity:
 
 
 @dataclass(frozen=True)
+class GpuCapacity:
+    """The optional GPU node group for side-by-side runs: which NVIDIA type, how many, and how
+    EC2 supplies it. It shares the trn AZ (and a Capacity Block must be in that AZ)."""
+
+    instance_type: str
+    nodes: int
+    capacity: CapacityMode
+    capacity_reservation_id: str | None
+
+    @property
+    def spec(self) -> trn_catalog.GpuInstanceSpec:
+        return trn_catalog.get_gpu(self.instance_type)
+
+
+@dataclass(frozen=True)
 class FsxSettings:
     """FSx for Lustre PERSISTENT_2 sizing: storage in GiB and throughput in MB/s per TiB."""
 
@@ -116,6 +131,8 @@ class PlatformConfig:
     admin_role_arn: str | None = None
     # A preview's monthly cost budget in USD (None outside previews).
     budget_usd: int | None = None
+    # The GPU node group (None unless gpu_instance_type is set).
+    gpu: GpuCapacity | None = None
 
     @property
     def env(self) -> EnvName:

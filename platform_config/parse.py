@@ -20,6 +20,7 @@ from platform_config.model import (
     CapacityMode,
     EnvName,
     FsxSettings,
+    GpuCapacity,
     PlatformConfig,
     Profile,
     TrnCapacity,
@@ -45,7 +46,12 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "admin_role_arn",
     "budget_email",
     "budget_usd",
+    "gpu_instance_type",
+    "gpu_nodes",
+    "gpu_capacity",
+    "gpu_capacity_reservation_id",
 )
+GPU_KEYS: tuple[str, ...] = CONTEXT_KEYS[-4:]
 
 # Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
 # offers Trn2 today. A real deploy passes -c account=... -c region=... -c availability_zone=...
@@ -57,6 +63,8 @@ DEFAULT_TTL_HOURS = 48
 DEFAULT_BUDGET_USD = 500
 MAX_BUDGET_USD = 1_000_000
 MAX_TRN_NODES = formats.MAX_BLOCK_INSTANCES
+MAX_GPU_NODES = formats.MAX_BLOCK_INSTANCES
+DEFAULT_GPU_NODES = 1
 MAX_TTL_HOURS = MAX_PREVIEW_TTL_HOURS
 FSX_MAX_GIB = 2_400_000
 
@@ -208,30 +216,67 @@ def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
         f"expected a type from the instance catalog: {', '.join(trn_catalog.CATALOG)}",
     )
     nodes = reader.integer("trn_nodes", profile.default_trn_nodes, 0, MAX_TRN_NODES)
-    capacity: CapacityMode = reader.choice("capacity", "on-demand", CAPACITY_MODES)
+    capacity, reservation = _capacity(reader, "capacity", "capacity_reservation_id")
+    return TrnCapacity(
+        instance_type=instance_type,
+        nodes=profile.default_trn_nodes if nodes is None else nodes,
+        capacity=capacity,
+        capacity_reservation_id=reservation,
+    )
+
+
+def _capacity(
+    reader: _Reader, capacity_key: str, reservation_key: str
+) -> tuple[CapacityMode, str | None]:
+    """How EC2 supplies a node group (``capacity_key``) and the reservation it launches into."""
+    capacity: CapacityMode = reader.choice(capacity_key, "on-demand", CAPACITY_MODES)
     reservation = reader.matching(
-        "capacity_reservation_id",
+        reservation_key,
         formats.RESERVATION_ID,
         "expected a capacity reservation id: 'cr-' and 17 hexadecimal digits",
     )
-    raw_reservation = reader.raw("capacity_reservation_id")
+    raw_reservation = reader.raw(reservation_key)
     if capacity in RESERVATION_MODES:
         reader.check(
             raw_reservation is not None,
-            "capacity_reservation_id",
+            reservation_key,
             raw_reservation,
-            f"capacity {capacity!r} needs the id of the reservation to launch into",
+            f"{capacity_key} {capacity!r} needs the id of the reservation to launch into",
         )
     else:
         reader.check(
             raw_reservation is None,
-            "capacity_reservation_id",
+            reservation_key,
             raw_reservation,
-            "only used with capacity 'capacity-block' or 'odcr'; capacity is 'on-demand'",
+            f"only used with {capacity_key} 'capacity-block' or 'odcr'; {capacity_key} is "
+            "'on-demand'",
         )
-    return TrnCapacity(
+    return capacity, reservation
+
+
+def _gpu(reader: _Reader) -> GpuCapacity | None:
+    """The GPU node group, when gpu_instance_type names one; its other keys need it."""
+    instance_type = reader.text("gpu_instance_type")
+    if instance_type is None:
+        for key in GPU_KEYS[1:]:
+            reader.check(
+                reader.raw(key) is None,
+                key,
+                reader.raw(key),
+                "only used with gpu_instance_type, which is not set (no GPU node group)",
+            )
+        return None
+    reader.check(
+        instance_type in trn_catalog.GPU_CATALOG,
+        "gpu_instance_type",
+        instance_type,
+        f"expected a type from the GPU instance catalog: {', '.join(trn_catalog.GPU_CATALOG)}",
+    )
+    nodes = reader.integer("gpu_nodes", DEFAULT_GPU_NODES, 0, MAX_GPU_NODES)
+    capacity, reservation = _capacity(reader, "gpu_capacity", "gpu_capacity_reservation_id")
+    return GpuCapacity(
         instance_type=instance_type,
-        nodes=profile.default_trn_nodes if nodes is None else nodes,
+        nodes=DEFAULT_GPU_NODES if nodes is None else nodes,
         capacity=capacity,
         capacity_reservation_id=reservation,
     )
@@ -372,6 +417,7 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
             _ROLE_ARN,
             "expected an IAM role ARN such as arn:aws:iam::123456789012:role/Admin",
         ),
+        gpu=_gpu(reader),
     )
     if reader.problems:
         raise ConfigError(reader.problems)

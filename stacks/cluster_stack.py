@@ -8,13 +8,14 @@ from aws_cdk import Stack
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingNetwork
+from constructs_lib import GpuNodeGroup, NeuronCluster, NeuronClusterProps, TrainingNetwork
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 
 
 class ClusterStack(Stack):
-    """Composes :class:`NeuronCluster` and one Trainium node group in the trn AZ.
+    """Composes :class:`NeuronCluster`, one Trainium node group in the trn AZ and, when the
+    config names a GPU type, one GPU node group in the same AZ (``gpu``, else None).
 
     It depends on the network stack only, never on the data stack, so that CloudFormation
     creates the cluster and the FSx file system at the same time.
@@ -52,3 +53,15 @@ class ClusterStack(Stack):
             security_groups=[network.lustre_clients],
             name_prefix=f"{config.name}-trn",
         )
+        self.gpu: GpuNodeGroup | None = None
+        if config.gpu is not None:
+            self.gpu = self.neuron_cluster.add_gpu_nodegroup(
+                "Gpu",
+                subnet=network.trn_subnet,
+                instance_type=config.gpu.instance_type,
+                nodes=config.gpu.nodes,
+                capacity=config.gpu.capacity,
+                capacity_reservation_id=config.gpu.capacity_reservation_id,
+                security_groups=[network.lustre_clients],
+                name_prefix=f"{config.name}-gpu",
+            )

@@ -15,10 +15,12 @@ from trn_catalog import neuron_stacks
 
 # The image builds from the repository root; its .dockerignore lets in the trainer and catalog.
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+CUDA_DOCKERFILE = "training_image/Dockerfile.cuda"
 
 
 class ImageStack(Stack):
-    """Composes :class:`TrainingImage` over this repository's training_image/Dockerfile."""
+    """Composes :class:`TrainingImage` over this repository's training_image/Dockerfile, and
+    its CUDA variant (training_image/Dockerfile.cuda) only when the config has a GPU group."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, config: PlatformConfig, **kwargs: Any
@@ -32,5 +34,6 @@ class ImageStack(Stack):
                 # TorchNeuron where it runs (trn2, trn3); the PyTorch/XLA stack on trn1.
                 neuron_stack=neuron_stacks.default_stack(config.trn.instance_type),
                 removal_policy=removal_policy(config),
+                cuda_dockerfile=CUDA_DOCKERFILE if config.gpu is not None else None,
             ),
         )

@@ -65,7 +65,8 @@ def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
         f"{name}-cluster",
         config=config,
         network=network.network,
-        description=f"Trainium training platform {name}: EKS, Neuron, EFA, trn capacity",
+        description=f"Trainium training platform {name}: EKS, Neuron, EFA, trn capacity"
+        + (f", {config.gpu.instance_type} GPU group" if config.gpu else ""),
         **common,
     )
     image = ImageStack(
@@ -81,6 +82,7 @@ def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
         config=config,
         cluster=cluster.neuron_cluster,
         trainium=cluster.trainium,
+        gpu=cluster.gpu,
         data=data.data,
         image=image.image,
         description=f"Trainium training platform {name}: training namespace, volumes, outputs",

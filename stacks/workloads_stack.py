@@ -9,6 +9,7 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from constructs_lib import (
+    GpuNodeGroup,
     NeuronCluster,
     TrainingDataPaths,
     TrainingImage,
@@ -18,6 +19,7 @@ from constructs_lib import (
 )
 from platform_config import PlatformConfig
 from trn_catalog.outputs import EnvironmentOutputs, parameter_name
+from trn_catalog.workspace import GPU_RUNTIME_NAME
 
 
 class WorkloadsStack(Stack):
@@ -35,6 +37,7 @@ class WorkloadsStack(Stack):
         config: PlatformConfig,
         cluster: NeuronCluster,
         trainium: TrainiumNodeGroup,
+        gpu: GpuNodeGroup | None = None,
         data: TrainingDataPaths,
         image: TrainingImage,
         **kwargs: Any,
@@ -55,6 +58,9 @@ class WorkloadsStack(Stack):
                 nodes=max(config.trn.nodes, 1),
                 fsx_storage_gib=config.fsx.storage_gib,
                 neuron_stack=image.neuron_stack,
+                gpu_instance_type=config.gpu.instance_type if config.gpu else None,
+                gpu_image_uri=image.cuda_image_uri,
+                gpu_nodes=max(config.gpu.nodes, 1) if config.gpu else 1,
             ),
         )
         # Charts install the device plugins and the job engine the workspace's jobs rely on.
@@ -79,6 +85,7 @@ class WorkloadsStack(Stack):
             service_account=self.workspace.props.service_account,
             instance_type=config.trn.instance_type,
             trn_nodes=config.trn.nodes,
+            **_gpu_outputs(config, gpu, image),
         )
         self.parameter = ssm.StringParameter(
             self,
@@ -89,6 +96,22 @@ class WorkloadsStack(Stack):
         )
         for key, value in self.outputs.__dict__.items():
             CfnOutput(self, _output_id(key), value=str(value), description=key)
+
+
+def _gpu_outputs(
+    config: PlatformConfig, gpu: GpuNodeGroup | None, image: TrainingImage
+) -> dict[str, Any]:
+    """What trnctl needs to target the GPU node group; nothing without one."""
+    if config.gpu is None or gpu is None:
+        return {}
+    return {
+        # A plain string at synth, as the trn group's name.
+        "gpu_nodegroup": gpu.nodegroup_name,
+        "gpu_instance_type": config.gpu.instance_type,
+        "gpu_nodes": config.gpu.nodes,
+        "gpu_image_uri": image.cuda_image_uri or "",
+        "gpu_runtime": GPU_RUNTIME_NAME,
+    }
 
 
 def _output_id(key: str) -> str:

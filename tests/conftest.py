@@ -33,8 +33,9 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 
-# Variants the security gate and the template tests cover: every profile, EFA FSx, and the
-# reservation-based capacity modes.
+# Variants the security gate and the template tests cover: every profile, EFA FSx, the
+# reservation-based capacity modes, and a GPU node group beside the trn nodes (the per-type and
+# per-capacity GPU templates are construct-level, tests/infra/test_gpu_nodegroup.py).
 VARIANTS: dict[str, dict[str, str]] = {
     "dev": {},
     "prod": {"env": "prod"},
@@ -51,6 +52,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "instance_type": "trn1.32xlarge",
         "admin_role_arn": "arn:aws:iam::123456789012:role/PlatformAdmin",
     },
+    "gpu": {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "2"},
 }
 
 

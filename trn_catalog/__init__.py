@@ -1,6 +1,13 @@
-"""The instance catalog: per-type Trainium facts with sources, standard library only."""
+"""The instance catalogs: per-type Trainium facts and, apart, the GPU node group's NVIDIA types,
+each with sources; standard library only."""
 
 from trn_catalog import fsx
+from trn_catalog.gpu_instances import (
+    GPU_CATALOG,
+    GpuInstanceSpec,
+    UnknownGpuInstanceTypeError,
+    get_gpu,
+)
 from trn_catalog.instances import (
     CATALOG,
     FACT_FIELDS,
@@ -13,9 +20,13 @@ from trn_catalog.instances import (
 __all__ = [
     "CATALOG",
     "FACT_FIELDS",
+    "GPU_CATALOG",
     "SOURCES",
+    "GpuInstanceSpec",
     "InstanceSpec",
+    "UnknownGpuInstanceTypeError",
     "UnknownInstanceTypeError",
     "fsx",
     "get",
+    "get_gpu",
 ]

@@ -413,5 +413,71 @@ TRAINER = ChartValues(
     },
 )
 
+# NVIDIA/k8s-device-plugin at tag v0.20.0. `nfd` is a subchart (node-feature-discovery, off
+# unless gfd is on): only the keys this chart's own values file sets for it are listed.
+NVIDIA_DEVICE_PLUGIN = ChartValues(
+    chart="nvidia-device-plugin",
+    version="0.20.0",
+    source="NVIDIA/k8s-device-plugin@v0.20.0 deployments/helm/nvidia-device-plugin/values.yaml",
+    keys={
+        "config": MAP,
+        "config.name": STRING,
+        "config.map": FREE,
+        "config.default": STRING,
+        "config.fallbackStrategies": LIST,
+        "compatWithCPUManager": ANY,
+        "migStrategy": ANY,
+        "failOnInitError": ANY,
+        "deviceListStrategy": ANY,
+        "deviceIDStrategy": ANY,
+        "nvidiaDriverRoot": ANY,
+        "gdrcopyEnabled": ANY,
+        "gdsEnabled": ANY,
+        "mofedEnabled": ANY,
+        "deviceDiscoveryStrategy": ANY,
+        "nameOverride": STRING,
+        "fullnameOverride": STRING,
+        "namespaceOverride": STRING,
+        "selectorLabelsOverride": FREE,
+        "allowDefaultNamespace": BOOL,
+        "imagePullSecrets": LIST,
+        "image": MAP,
+        "image.repository": STRING,
+        "image.pullPolicy": STRING,
+        "image.tag": STRING,
+        "updateStrategy": FREE,
+        "podAnnotations": FREE,
+        "podSecurityContext": FREE,
+        "securityContext": FREE,
+        "resources": FREE,
+        "nodeSelector": FREE,
+        "affinity": FREE,
+        "tolerations": LIST,
+        "priorityClassName": STRING,
+        "runtimeClassName": ANY,
+        "devicePlugin": MAP,
+        "devicePlugin.enabled": BOOL,
+        "gfd": MAP,
+        "gfd.enabled": BOOL,
+        "gfd.nameOverride": STRING,
+        "gfd.namespaceOverride": STRING,
+        "gfd.noTimestamp": ANY,
+        "gfd.sleepInterval": ANY,
+        "gfd.securityContext": FREE,
+        "nfd": MAP,
+        "nfd.nameOverride": STRING,
+        "nfd.master": FREE,
+        "nfd.worker": FREE,
+        "mps": MAP,
+        "mps.root": STRING,
+        "mps.enableHostPID": BOOL,
+        "cdi": MAP,
+        "cdi.nvidiaHookPath": ANY,
+        "cdi.featureFlags": ANY,
+    },
+)
+
 # By chart name, as ChartPin.chart names them.
-CHARTS: Mapping[str, ChartValues] = {c.chart: c for c in (NEURON, EFA, TRAINER)}
+CHARTS: Mapping[str, ChartValues] = {
+    c.chart: c for c in (NEURON, EFA, TRAINER, NVIDIA_DEVICE_PLUGIN)
+}

@@ -8,7 +8,7 @@ ops CLI reads it to find an environment by name (``trn-dev``, ``trn-prod``, ``tr
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 PARAMETER_PREFIX = "/trn-platform"
@@ -85,6 +85,18 @@ class EnvironmentOutputs:
     service_account: str
     instance_type: str
     trn_nodes: int
+    # The GPU node group for side-by-side runs (context key gpu_instance_type); empty strings and
+    # 0 without one. Outputs written before the GPU group existed lack these keys.
+    gpu_nodegroup: str = ""
+    gpu_instance_type: str = ""
+    gpu_nodes: int = 0
+    gpu_image_uri: str = ""
+    gpu_runtime: str = ""
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the environment has a GPU node group to target."""
+        return bool(self.gpu_instance_type)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -93,8 +105,11 @@ class EnvironmentOutputs:
     def from_json(cls, text: str) -> EnvironmentOutputs:
         """Parse the parameter's value.
 
+        Keys with a default (the GPU group's) may be missing: environments deployed before
+        they existed did not write them.
+
         Raises:
-            ValueError: not a JSON object, or keys missing (the message names them).
+            ValueError: not a JSON object, or required keys missing (the message names them).
         """
         try:
             data: Any = json.loads(text)
@@ -103,7 +118,8 @@ class EnvironmentOutputs:
         if not isinstance(data, dict):
             raise ValueError("environment outputs must be a JSON object")
         names = [f.name for f in fields(cls)]
-        missing = [name for name in names if name not in data]
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(f"environment outputs lack keys: {', '.join(missing)}")
-        return cls(**{name: data[name] for name in names})
+        return cls(**{name: data[name] for name in names if name in data})

@@ -148,4 +148,20 @@ TRAINER_CHART = ChartPin(
     ),
 )
 
+# Installed only with a GPU node group (context key gpu_instance_type).
+NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(
+    release="nvidia-device-plugin",
+    chart="nvidia-device-plugin",
+    repository="https://nvidia.github.io/k8s-device-plugin",
+    version="0.20.0",
+    namespace="kube-system",
+    source=(
+        "NVIDIA/k8s-device-plugin tag v0.20.0 (2026-08-19), deployments/helm/"
+        "nvidia-device-plugin/Chart.yaml: chart and app version 0.20.0; the chart repository "
+        "is the one the project's README names"
+    ),
+)
+
+# Every cluster installs CHARTS; a cluster with a GPU node group also installs GPU_CHARTS.
 CHARTS: tuple[ChartPin, ...] = (NEURON_CHART, EFA_CHART, TRAINER_CHART)
+GPU_CHARTS: tuple[ChartPin, ...] = (NVIDIA_DEVICE_PLUGIN_CHART,)

@@ -22,3 +22,17 @@ TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER_ANCESTOR = "trainer"
 FSX_MOUNT = "/fsx"
 DATASETS_MOUNT = "/datasets"
+
+# The GPU node group beside the trn nodes (context key gpu_instance_type): the node label both
+# groups carry, each group's value of it, the GPU group's taint, and the namespaced
+# TrainingRuntime that runs the same trainer on it with CUDA torch.
+NODE_TYPE_LABEL = "trn-platform/node-type"
+TRAINIUM_NODE_TYPE = "trainium"
+GPU_NODE_TYPE = "gpu"
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+# The taint key the NVIDIA device plugin chart's own default tolerations name.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RUNTIME_NAME = "cuda-torch"
+# The GPU type a pod of the cuda-torch runtime runs on; TRN_INSTANCE_TYPE stays a trn type.
+GPU_INSTANCE_TYPE_ENV = "TRN_GPU_INSTANCE_TYPE"

@@ -144,6 +144,60 @@ BAD_INPUT = [
     ),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
+    # The GPU node group's keys.
+    (
+        {"gpu_instance_type": "p4d.24xlarge"},
+        r"gpu_instance_type: 'p4d\.24xlarge' is not allowed; .*GPU instance catalog: "
+        r"p5\.48xlarge",
+    ),
+    (
+        {"gpu_instance_type": "trn2.48xlarge"},
+        r"gpu_instance_type: 'trn2\.48xlarge' .*GPU instance catalog",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "65"},
+        r"gpu_nodes: '65' is not allowed; expected a whole number from 0 to 64",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "-1"},
+        r"gpu_nodes: '-1' .*whole number from 0 to 64",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "one"},
+        r"gpu_nodes: 'one' .*whole number",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_capacity": "spot"},
+        r"gpu_capacity: 'spot' is not allowed; expected one of: on-demand, capacity-block, odcr",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_capacity": "capacity-block"},
+        r"gpu_capacity_reservation_id: missing; gpu_capacity 'capacity-block' needs the id",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_capacity": "odcr"},
+        r"gpu_capacity_reservation_id: missing; gpu_capacity 'odcr' needs the id",
+    ),
+    (
+        {
+            "gpu_instance_type": "p5.48xlarge",
+            "gpu_capacity": "odcr",
+            "gpu_capacity_reservation_id": "cr-12",
+        },
+        r"gpu_capacity_reservation_id: 'cr-12' .*'cr-' and 17 hexadecimal digits",
+    ),
+    (
+        {"gpu_instance_type": "p5.48xlarge", "gpu_capacity_reservation_id": RESERVATION},
+        r"gpu_capacity_reservation_id: .*only used with gpu_capacity 'capacity-block' or "
+        r"'odcr'; gpu_capacity is 'on-demand'",
+    ),
+    ({"gpu_nodes": "2"}, r"gpu_nodes: '2' is not allowed; only used with gpu_instance_type"),
+    ({"gpu_capacity": "odcr"}, r"gpu_capacity: 'odcr' .*only used with gpu_instance_type"),
+    (
+        {"gpu_capacity_reservation_id": RESERVATION},
+        r"gpu_capacity_reservation_id: .*only used with gpu_instance_type",
+    ),
+    ({"gpu-instance-type": "p5.48xlarge"}, r"did you mean 'gpu_instance_type'"),
 ]
 
 
@@ -180,7 +234,44 @@ def test_context_keys_are_the_documented_names() -> None:
         "admin_role_arn",
         "budget_email",
         "budget_usd",
+        "gpu_instance_type",
+        "gpu_nodes",
+        "gpu_capacity",
+        "gpu_capacity_reservation_id",
     )
+
+
+def test_no_gpu_node_group_by_default() -> None:
+    assert parse().gpu is None
+
+
+@pytest.mark.parametrize("gpu_type", ["p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"])
+def test_a_gpu_type_gives_one_on_demand_node_by_default(gpu_type: str) -> None:
+    config = parse(gpu_instance_type=gpu_type)
+    assert config.gpu is not None
+    assert (config.gpu.instance_type, config.gpu.nodes, config.gpu.capacity) == (
+        gpu_type,
+        1,
+        "on-demand",
+    )
+    assert config.gpu.capacity_reservation_id is None and config.gpu.spec.gpus == 8
+
+
+def test_gpu_keys_from_the_cli_and_cdk_json() -> None:
+    block = parse(
+        gpu_instance_type="g6e.48xlarge",
+        gpu_nodes="4",
+        gpu_capacity="capacity-block",
+        gpu_capacity_reservation_id=RESERVATION,
+    )
+    assert block.gpu is not None and block.gpu.nodes == 4
+    assert (block.gpu.capacity, block.gpu.capacity_reservation_id) == (
+        "capacity-block",
+        RESERVATION,
+    )
+    assert block.trn.capacity == "on-demand" and block.trn.capacity_reservation_id is None
+    none = parse(gpu_instance_type="p5.48xlarge", gpu_nodes=0)
+    assert none.gpu is not None and none.gpu.nodes == 0
 
 
 def test_cdk_feature_flags_are_not_mistaken_for_misspellings() -> None:

