@@ -86,7 +86,7 @@ def _wait_for_step(metrics_file: Path, proc: subprocess.Popen[str], step: int) -
     while time.monotonic() < deadline:
         if metrics_file.exists():
             lines = metrics_file.read_text().splitlines()
-            if lines and json.loads(lines[-1])["step"] >= step:
+            if lines and json.loads(lines[-1]).get("step", -1) >= step:
                 return
         assert proc.poll() is None, "the trainer ended before it could be signalled"
         time.sleep(0.01)
@@ -158,7 +158,9 @@ def test_kill_9_then_resume_is_bit_identical(
     # Training is deterministic, so a run that retrained from step 0 would match the reference
     # too: the resumed run must start after the newest checkpoint and train only the rest.
     lines = (tmp_path / "m.jsonl").read_text().splitlines()[logged_before:]
-    assert [json.loads(line)["step"] for line in lines] == list(range(checkpoint + 1, 41))
+    header, *steps = [json.loads(line) for line in lines]
+    assert header["kind"] == "run"  # each start of a run opens with its own header
+    assert [record["step"] for record in steps] == list(range(checkpoint + 1, 41))
     expected = {r["step"]: r["loss"] for r in metrics.read(uninterrupted / "m.jsonl")}
     got = {r["step"]: r["loss"] for r in metrics.read(tmp_path / "m.jsonl")}
     assert got == expected  # every step's loss, bit for bit (JSON floats round-trip exactly)
