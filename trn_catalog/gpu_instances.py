@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from trn_catalog.instances import UnknownInstanceTypeError
+
 InterfaceType = Literal["interface", "efa", "efa-only"]
 
 GPU_SOURCES: Mapping[str, str] = MappingProxyType(
@@ -230,18 +232,10 @@ GPU_CATALOG: Mapping[str, GpuInstanceSpec] = MappingProxyType(
 )
 
 
-class UnknownGpuInstanceTypeError(KeyError):
+class UnknownGpuInstanceTypeError(UnknownInstanceTypeError):
     """Raised for a GPU instance type that the GPU catalog does not list."""
 
-    def __init__(self, instance_type: str) -> None:
-        self.instance_type = instance_type
-        super().__init__(instance_type)
-
-    def __str__(self) -> str:
-        return (
-            f"instance type {self.instance_type!r} is not in the GPU instance catalog; "
-            f"known: {', '.join(GPU_CATALOG)}"
-        )
+    catalog_name = "GPU instance catalog"
 
 
 def get_gpu(instance_type: str) -> GpuInstanceSpec:
@@ -254,4 +248,4 @@ def get_gpu(instance_type: str) -> GpuInstanceSpec:
     try:
         return GPU_CATALOG[instance_type]
     except KeyError:
-        raise UnknownGpuInstanceTypeError(instance_type) from None
+        raise UnknownGpuInstanceTypeError(instance_type, GPU_CATALOG) from None

@@ -11,7 +11,7 @@ against the real account (``ec2:DescribeInstanceTypes``) is the way to confirm i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -259,16 +259,20 @@ CATALOG: Mapping[str, InstanceSpec] = MappingProxyType(
 
 
 class UnknownInstanceTypeError(KeyError):
-    """Raised for an instance type that the catalog does not list."""
+    """Raised for an instance type that the catalog does not list; ``catalog_name`` and the known
+    types let the GPU catalog raise the same error about its own table."""
 
-    def __init__(self, instance_type: str) -> None:
+    catalog_name = "instance catalog"
+
+    def __init__(self, instance_type: str, known: Iterable[str] | None = None) -> None:
         self.instance_type = instance_type
+        self.known = tuple(CATALOG if known is None else known)
         super().__init__(instance_type)
 
     def __str__(self) -> str:
         return (
-            f"instance type {self.instance_type!r} is not in the instance catalog; "
-            f"known: {', '.join(CATALOG)}"
+            f"instance type {self.instance_type!r} is not in the {self.catalog_name}; "
+            f"known: {', '.join(self.known)}"
         )
 
 

@@ -76,3 +76,10 @@ def test_unknown_gpu_type_error_lists_the_known_types() -> None:
         trn_catalog.get_gpu("p4d.24xlarge")
     with pytest.raises(UnknownGpuInstanceTypeError, match="GPU instance catalog"):
         trn_catalog.get_gpu("trn2.48xlarge")
+
+
+def test_one_except_clause_catches_an_unknown_type_of_either_catalog() -> None:
+    with pytest.raises(trn_catalog.UnknownInstanceTypeError, match="not in the GPU instance"):
+        trn_catalog.get_gpu("trn2.48xlarge")
+    with pytest.raises(trn_catalog.UnknownInstanceTypeError, match="not in the instance catalog"):
+        trn_catalog.get("p5.48xlarge")
