@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trn_catalog import workspace as ws
-from trnctl.errors import ExitCode, TrnctlError
+from trnctl import transfer
+from trnctl.errors import TrnctlError
 from trnctl.transfer import S3Prefix, Upload, sha256_file
 
 CODE_PREFIX = "code"
@@ -161,21 +162,6 @@ def stale_keys(s3: Any, dest: S3Prefix, items: list[Upload]) -> list[str]:
     return found
 
 
-def is_staged(s3: Any, bucket: str, name: str) -> bool:
-    """Whether ``bucket`` holds ``code/NAME/`` + :data:`MANIFEST` (written last by a stage).
-
-    Raises:
-        botocore.exceptions.ClientError: any error but a missing object (access denied).
-    """
-    try:
-        s3.head_object(Bucket=bucket, Key=prefix(bucket, name).key(MANIFEST))
-    except s3.exceptions.ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise
-    return True
-
-
 def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
     """Refuses code that was never staged (or whose stage did not finish).
 
@@ -183,10 +169,10 @@ def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
         TrnctlError: NOT_FOUND, with the command that stages it.
         botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
     """
-    if not is_staged(s3, bucket, name):
-        where = prefix(bucket, name)
-        raise TrnctlError(
-            f"code {CODE_PREFIX}/{name} is not staged: {where}{MANIFEST} does not exist; stage "
-            f"it first with: trnctl code stage DIR {name} --env {env}",
-            ExitCode.NOT_FOUND,
-        )
+    transfer.require_staged(
+        s3,
+        prefix(bucket, name),
+        MANIFEST,
+        what=f"code {CODE_PREFIX}/{name}",
+        stage=f"trnctl code stage DIR {name} --env {env}",
+    )

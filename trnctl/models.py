@@ -24,7 +24,8 @@ from typing import Any
 
 from trn_catalog import hf_models as hf
 from trn_catalog import workspace as ws
-from trnctl.errors import ExitCode, TrnctlError
+from trnctl import transfer
+from trnctl.errors import TrnctlError
 from trnctl.transfer import S3Prefix, Upload, sha256_file
 
 
@@ -263,21 +264,6 @@ def uploads(model: ModelDir, dest: S3Prefix) -> list[Upload]:
     ]
 
 
-def is_staged(s3: Any, bucket: str, name: str) -> bool:
-    """Whether ``bucket`` holds ``models/NAME/config.json`` (uploaded last by a stage).
-
-    Raises:
-        botocore.exceptions.ClientError: any error but a missing object (access denied).
-    """
-    try:
-        s3.head_object(Bucket=bucket, Key=prefix(bucket, name).key(hf.CONFIG_FILE))
-    except s3.exceptions.ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise
-    return True
-
-
 def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
     """Refuses a model that was never staged (or whose stage did not finish).
 
@@ -285,10 +271,10 @@ def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
         TrnctlError: NOT_FOUND, with the command that stages it.
         botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
     """
-    if not is_staged(s3, bucket, name):
-        where = prefix(bucket, name)
-        raise TrnctlError(
-            f"model {hf.MODELS_PREFIX}/{name} is not staged: {where}{hf.CONFIG_FILE} does not "
-            f"exist; stage it first with: trnctl model stage DIR {name} --env {env}",
-            ExitCode.NOT_FOUND,
-        )
+    transfer.require_staged(
+        s3,
+        prefix(bucket, name),
+        hf.CONFIG_FILE,
+        what=f"model {hf.MODELS_PREFIX}/{name}",
+        stage=f"trnctl model stage DIR {name} --env {env}",
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 from boto3.s3.transfer import TransferConfig
 
-from trnctl.errors import TrnctlError
+from trnctl.errors import ExitCode, TrnctlError
 
 MIB = 1 << 20
 # S3's smallest part (except the last) is 5 MiB; 8 MiB is boto3's default part size.
@@ -75,22 +75,48 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def head(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The HEAD response of ``bucket``/``key``, or None when there is no such object.
+
+    Raises:
+        botocore.exceptions.ClientError: any error but a missing object (access denied).
+    """
+    try:
+        response: dict[str, Any] = s3.head_object(Bucket=bucket, Key=key)
+    except s3.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return response
+
+
 def is_intact(s3: Any, bucket: str, upload: Upload) -> bool:
     """Whether ``bucket`` already holds ``upload`` whole: same size, same recorded SHA-256.
 
     Raises:
         botocore.exceptions.ClientError: any error but a missing object (access denied).
     """
-    try:
-        head = s3.head_object(Bucket=bucket, Key=upload.key)
-    except s3.exceptions.ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise
+    found = head(s3, bucket, upload.key)
     return bool(
-        head["ContentLength"] == upload.size
-        and head.get("Metadata", {}).get(SHA256_METADATA) == upload.sha256
+        found is not None
+        and found["ContentLength"] == upload.size
+        and found.get("Metadata", {}).get(SHA256_METADATA) == upload.sha256
     )
+
+
+def require_staged(s3: Any, dest: S3Prefix, last_file: str, *, what: str, stage: str) -> None:
+    """Refuses ``what`` under ``dest`` unless ``last_file`` (the file its stage uploads last, so
+    present only once the stage finished) is there.
+
+    Raises:
+        TrnctlError: NOT_FOUND, naming ``what`` and the ``stage`` command.
+        botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
+    """
+    if head(s3, dest.bucket, dest.key(last_file)) is None:
+        raise TrnctlError(
+            f"{what} is not staged: {dest}{last_file} does not exist; stage it first with: {stage}",
+            ExitCode.NOT_FOUND,
+        )
 
 
 def pending(s3: Any, items: list[Upload], dest: S3Prefix) -> list[Upload]:
