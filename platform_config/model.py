@@ -77,13 +77,18 @@ PROFILES: dict[EnvName, Profile] = {
 
 
 @dataclass(frozen=True)
-class TrnCapacity:
-    """The Trainium node capacity: which type, how many, and how EC2 supplies it."""
+class NodeCapacity:
+    """A node group's capacity: which instance type, how many nodes, and how EC2 supplies them."""
 
     instance_type: str
     nodes: int
     capacity: CapacityMode
     capacity_reservation_id: str | None
+
+
+@dataclass(frozen=True)
+class TrnCapacity(NodeCapacity):
+    """The Trainium node capacity."""
 
     @property
     def spec(self) -> trn_catalog.InstanceSpec:
@@ -91,14 +96,9 @@ class TrnCapacity:
 
 
 @dataclass(frozen=True)
-class GpuCapacity:
-    """The optional GPU node group for side-by-side runs: which NVIDIA type, how many, and how
-    EC2 supplies it. It shares the trn AZ (and a Capacity Block must be in that AZ)."""
-
-    instance_type: str
-    nodes: int
-    capacity: CapacityMode
-    capacity_reservation_id: str | None
+class GpuCapacity(NodeCapacity):
+    """The optional GPU node group for side-by-side runs (an NVIDIA type). It shares the trn AZ
+    (and a Capacity Block must be in that AZ)."""
 
     @property
     def spec(self) -> trn_catalog.GpuInstanceSpec:

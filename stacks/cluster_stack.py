@@ -9,7 +9,7 @@ from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
 from constructs_lib import GpuNodeGroup, NeuronCluster, NeuronClusterProps, TrainingNetwork
-from platform_config import PlatformConfig
+from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
 
 
@@ -44,24 +44,26 @@ class ClusterStack(Stack):
             ),
         )
         self.trainium = self.neuron_cluster.add_trainium_nodegroup(
-            "Trainium",
-            subnet=network.trn_subnet,
-            instance_type=config.trn.instance_type,
-            nodes=config.trn.nodes,
-            capacity=config.trn.capacity,
-            capacity_reservation_id=config.trn.capacity_reservation_id,
-            security_groups=[network.lustre_clients],
-            name_prefix=f"{config.name}-trn",
+            "Trainium", **_group_props(config.trn, network, f"{config.name}-trn")
         )
         self.gpu: GpuNodeGroup | None = None
         if config.gpu is not None:
             self.gpu = self.neuron_cluster.add_gpu_nodegroup(
-                "Gpu",
-                subnet=network.trn_subnet,
-                instance_type=config.gpu.instance_type,
-                nodes=config.gpu.nodes,
-                capacity=config.gpu.capacity,
-                capacity_reservation_id=config.gpu.capacity_reservation_id,
-                security_groups=[network.lustre_clients],
-                name_prefix=f"{config.name}-gpu",
+                "Gpu", **_group_props(config.gpu, network, f"{config.name}-gpu")
             )
+
+
+def _group_props(
+    capacity: NodeCapacity, network: TrainingNetwork, name_prefix: str
+) -> dict[str, Any]:
+    """A node group's props from its capacity: both groups sit in the trn AZ's subnet and are
+    Lustre clients (FSx is in that AZ too)."""
+    return {
+        "subnet": network.trn_subnet,
+        "instance_type": capacity.instance_type,
+        "nodes": capacity.nodes,
+        "capacity": capacity.capacity,
+        "capacity_reservation_id": capacity.capacity_reservation_id,
+        "security_groups": [network.lustre_clients],
+        "name_prefix": name_prefix,
+    }
