@@ -213,8 +213,21 @@ def test_submit_target_gpu_runs_trn_train_too(moto: None, no_kubernetes: None, t
             "trnctl: the GPU node group of trn-dev has 0 nodes: a job would wait for capacity "
             "forever; redeploy with -c gpu_nodes=N (N >= 1) first\n",
         ),
+        (
+            dataclasses.replace(OUTPUTS, trn_nodes=0),
+            ["--preset", "tiny", "--data", "d"],
+            "trnctl: the trn node group of trn-dev has 0 nodes: a job would wait for capacity "
+            "forever; redeploy with -c trn_nodes=N (N >= 1) first\n",
+        ),
     ],
-    ids=["precompile", "no-gpu-group", "unknown-target", "too-many-nodes", "empty-group"],
+    ids=[
+        "precompile",
+        "no-gpu-group",
+        "unknown-target",
+        "too-many-nodes",
+        "empty-gpu-group",
+        "empty-trn-group",
+    ],
 )
 def test_submit_target_errors_are_one_line(
     moto: None,
