@@ -3,8 +3,9 @@
 
 ``entrypoint.py [trainer run flags...]`` runs the platform's trainer. ``entrypoint.py --exec
 [--workdir DIR] -- COMMAND [ARGS...]`` (``trnctl job submit -- COMMAND``) runs your own command
-instead, with what the trainer gets: the same stack check, job environment (rendezvous from
-Kubeflow's ``PET_*``, EFA, compiler flags, the keyed compile cache) and SIGTERM handling.
+instead, with what the trainer gets: the same checks, node environment (rendezvous from
+Kubeflow's ``PET_*``, EFA; on a trn node the compiler flags and the keyed compile cache, on a GPU
+node of the ``cuda-torch`` runtime NCCL's EFA settings) and SIGTERM handling.
 
 On SIGTERM (preemption, drain, the end of a Capacity Block) the signal goes to torchrun's
 workers when the command is torchrun, as for the trainer (torchrun signalled itself gives them a
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 from types import FrameType
 
-from trainer import launch, stacks
+from trainer import launch
 from trainer.launch import main
 
 EXEC_FLAG = "--exec"
@@ -106,16 +107,16 @@ def run_forwarding_sigterm(
 
 
 def exec_main(argv: Sequence[str]) -> int:
-    """``--exec [--workdir DIR] -- COMMAND...``: the trainer's checks and environment, then
-    ``COMMAND`` in ``DIR`` (default: the current directory). Exit 2 for bad arguments, a stack
-    that cannot run on this instance type or a missing ``DIR``; else the command's status (see
-    :func:`run_forwarding_sigterm`)."""
+    """``--exec [--workdir DIR] -- COMMAND...``: the trainer's checks and environment
+    (:func:`trainer.launch.node_environment`), then ``COMMAND`` in ``DIR`` (default: the current
+    directory). Exit 2 for bad arguments, an image that cannot run on this node or a missing
+    ``DIR``; else the command's status (see :func:`run_forwarding_sigterm`)."""
     try:
         workdir, command = parse_exec(argv)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    problem = launch.stack_problem(os.environ)
+    problem = launch.node_problem(os.environ)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -126,10 +127,7 @@ def exec_main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    env = launch.job_environment(os.environ, compiler=launch.compiler_version())
-    launch.prepare_cache(env)
-    stack = stacks.of(env)
-    print(f"compile cache: {stack.cache_variable}={env[stack.cache_variable]}", file=sys.stderr)
+    env = launch.node_environment(os.environ)
     if env.get(CHECKPOINT_DIR_ENV):
         Path(env[CHECKPOINT_DIR_ENV]).mkdir(parents=True, exist_ok=True)
     return run_forwarding_sigterm(command, env, cwd=workdir)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import trn_catalog
 from trn_catalog import prices
 from trnctl.errors import ExitCode, TrnctlError
 
@@ -131,12 +132,24 @@ def steady_tokens_per_s(run: Run, warmup_steps: int | None) -> float | None:
 
 def mfu(run: Run, tokens_per_s: float | None) -> float | None:
     """Model FLOPs utilisation at ``tokens_per_s``, from the header's FLOPs per token and peak
-    per rank, as the trainer computes it; None when the peak or the throughput is unknown."""
-    peak = run.header["peak_flops_per_rank"]
-    if not peak or tokens_per_s is None:
+    per rank, as the trainer computes it; None when either of those (a script's metrics may
+    leave out the FLOPs per token) or the throughput is unknown."""
+    peak, flops = run.header["peak_flops_per_rank"], run.header["flops_per_token"]
+    if not peak or not flops or tokens_per_s is None:
         return None
     per_rank = tokens_per_s / run.header["world_size"]
-    return float(per_rank * run.header["flops_per_token"] / peak)
+    return float(per_rank * flops / peak)
+
+
+def target_of(run: Run) -> str:
+    """Where a run ran: ``trn`` or ``gpu`` (its instance type in the Trainium or the GPU
+    catalog), ``local`` without an instance type, else the type's name."""
+    instance = run.header["instance_type"]
+    if instance is None:
+        return "local"
+    if instance in trn_catalog.GPU_CATALOG:
+        return "gpu"
+    return "trn" if instance in trn_catalog.CATALOG else str(instance)
 
 
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:

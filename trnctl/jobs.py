@@ -1,12 +1,13 @@
-"""TrainJobs on the workspace's ``neuron-torch`` runtime: names, rendering, schema checks and
-reading their status back. Pure functions: no AWS or Kubernetes calls here (see
-:mod:`trnctl.kube`).
+"""TrainJobs on the workspace's runtimes: names, rendering, schema checks and reading their
+status back. Pure functions: no AWS or Kubernetes calls here (see :mod:`trnctl.kube`).
 
-The runtime already carries everything per node that the catalog decides (all Neuron devices
-and EFA interfaces, huge pages, FSx and S3 mounts, compile cache, the service account), so a
-TrainJob names the runtime and sets only the image, the trainer's arguments, the node count and
-the ranks per node (one per logical NeuronCore: Trainer 2.3.0 otherwise hands torchrun the pod's
-CPU request).
+A job has a target: ``trn`` (the ``neuron-torch`` runtime on the trn node group) or ``gpu``
+(the ``cuda-torch`` runtime on the optional GPU node group, for side-by-side runs). The runtime
+already carries everything per node that the catalog decides (all Neuron devices or GPUs, EFA
+interfaces, huge pages, FSx and S3 mounts, node selection and tolerations, the service account),
+so a TrainJob names the runtime and sets only the image, the arguments, the node count and the
+ranks per node (one per logical NeuronCore, or per GPU: Trainer 2.3.0 otherwise hands torchrun
+the pod's CPU request, or ``auto``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 import trn_catalog
 from trn_catalog import crds
 from trn_catalog import workspace as ws
+from trn_catalog.gpu_instances import GpuInstanceSpec
 from trn_catalog.instances import InstanceSpec
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import models
@@ -45,6 +47,11 @@ MODEL_LABEL = "trn-platform/model"
 # compile cache) before the run when this is "1" (trainer.launch).
 PRECOMPILE_ENV = "TRN_PRECOMPILE"
 PURPOSE_LABEL = "trn-platform/purpose"
+# Which node group a job runs on: trn (neuron-torch) or gpu (cuda-torch); `job status` and
+# `compare` show it.
+TARGET_LABEL = "trn-platform/target"
+TRN, GPU = "trn", "gpu"
+TARGETS = (TRN, GPU)
 
 # DNS-1035 label (TrainJob and JobSet names). JobSet names each pod's hostname
 # <jobset>-<replicated job>-<job index>-<pod index>, itself a DNS label of at most 63
@@ -168,6 +175,9 @@ EXEC_FLAG = "--exec"
 WORKDIR_FLAG = "--workdir"
 # Where a command job's checkpoints go: the directory trn-train uses (:func:`checkpoint_dir`).
 CHECKPOINT_DIR_ENV = "TRN_CHECKPOINT_DIR"
+# Where a command job's metrics go, for `trnctl compare`: the file trn-train writes for a job of
+# the same name (:func:`metrics_path`). trainer.runlog writes there when the variable is set.
+METRICS_FILE_ENV = "TRN_METRICS_FILE"
 CODE_LABEL = "trn-platform/code"
 # Kubeflow Trainer v2.3.0's TrainJob CRD: spec.trainer.args holds at most 128 items.
 MAX_ARGS = 128
@@ -205,8 +215,12 @@ class CommandArgs:
         return [*IMAGE_ENTRYPOINT, EXEC_FLAG, *workdir, "--"]
 
     def env(self, job_name: str) -> dict[str, str]:
-        """What the job adds to the runtime's environment: the checkpoint directory."""
-        return {CHECKPOINT_DIR_ENV: checkpoint_dir(job_name)}
+        """What the job adds to the runtime's environment: the checkpoint directory and the
+        metrics file in it."""
+        return {
+            CHECKPOINT_DIR_ENV: checkpoint_dir(job_name),
+            METRICS_FILE_ENV: metrics_path(job_name),
+        }
 
 
 def render_command(
@@ -217,12 +231,14 @@ def render_command(
     command: CommandArgs,
     image: str | None = None,
     labels: Mapping[str, str] | None = None,
+    target: str = TRN,
 ) -> dict[str, Any]:
-    """A TrainJob on the ``neuron-torch`` runtime that runs ``command`` through the image's
-    entrypoint (``entrypoint.py --exec [--workdir DIR] -- COMMAND...``): the runtime's devices,
-    EFA, mounts, compile cache and grace period, the rendezvous Kubeflow hands every node
-    (``PET_*``), one rank per logical NeuronCore (``numProcPerNode``, which torchrun reads as
-    ``PET_NPROC_PER_NODE``) and ``TRN_CHECKPOINT_DIR`` at the job's checkpoint directory.
+    """A TrainJob on the runtime of ``target`` (see :func:`render`) that runs ``command``
+    through the image's entrypoint (``entrypoint.py --exec [--workdir DIR] -- COMMAND...``): the
+    runtime's devices, EFA, mounts, compile cache and grace period, the rendezvous Kubeflow
+    hands every node (``PET_*``), one rank per logical NeuronCore or GPU (``numProcPerNode``,
+    which torchrun reads as ``PET_NPROC_PER_NODE``), ``TRN_CHECKPOINT_DIR`` at the job's
+    checkpoint directory and ``TRN_METRICS_FILE`` at its metrics file there.
 
     Raises:
         TrnctlError: as :func:`render`.
@@ -236,6 +252,7 @@ def render_command(
         command=command.entrypoint(),
         labels={PURPOSE_LABEL: "command", **(labels or {})},
         env=command.env(name),
+        target=target,
     )
 
 
@@ -313,14 +330,18 @@ def render(
     command: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    target: str = TRN,
 ) -> dict[str, Any]:
-    """A TrainJob on the environment's ``neuron-torch`` runtime, checked against the schema,
-    with one rank per logical NeuronCore of the environment's instance type.
+    """A TrainJob on the environment's runtime for ``target``, checked against the schema: on
+    ``trn`` the ``neuron-torch`` runtime with one rank per logical NeuronCore of the
+    environment's instance type; on ``gpu`` the GPU group's runtime (``cuda-torch``) with the
+    CUDA image, one rank per GPU of the GPU instance type and ``TRN_GPU_INSTANCE_TYPE`` naming
+    it (the runtime already sets it: the same value; the job names it for its reader).
 
     Args:
         name: the job's name (checked with :func:`validate_name`).
-        outputs: the environment (namespace, default image).
-        nodes: trn nodes, one pod each.
+        outputs: the environment (namespace, default images, GPU group).
+        nodes: nodes of the target's group, one pod each.
         args: the container's arguments (the image's entrypoint passes them to ``trn-train
             run``, or to ``command`` when given).
         image: the training image; default: the environment's.
@@ -328,36 +349,45 @@ def render(
         labels: extra labels on the TrainJob.
         env: environment variables for the training container (Kubeflow Trainer merges them
             with the runtime's).
+        target: ``trn`` (default) or ``gpu``.
 
     Raises:
-        TrnctlError: USAGE for a bad name or node count; FAILED for an instance type outside the
-            catalog, or if the result breaks the TrainJob schema (a bug here, or a schema the
-            cluster's chart no longer matches).
+        TrnctlError: USAGE for a bad name, node count or target, or ``gpu`` in an environment
+            without a GPU group; FAILED for an instance type outside the catalog, or if the
+            result breaks the TrainJob schema (a bug here, or a schema the cluster's chart no
+            longer matches).
     """
     validate_name(name)
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
+    require_target(outputs, target)
+    job_env = dict(env or {})
+    if target == GPU:
+        default_image, ranks = outputs.gpu_image_uri, gpu_ranks_per_node(outputs)
+        job_env[ws.GPU_INSTANCE_TYPE_ENV] = outputs.gpu_instance_type
+    else:
+        default_image, ranks = outputs.image_uri, ranks_per_node(outputs)
     trainer: dict[str, Any] = {
-        "image": image or outputs.image_uri,
+        "image": image or default_image,
         "numNodes": nodes,
-        "numProcPerNode": ranks_per_node(outputs),
+        "numProcPerNode": ranks,
     }
     if command is not None:
         trainer["command"] = list(command)
     trainer["args"] = list(args)
-    if env:
-        trainer["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if job_env:
+        trainer["env"] = [{"name": k, "value": v} for k, v in job_env.items()]
     job = {
         "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
         "kind": KIND,
         "metadata": {
             "name": name,
             "namespace": outputs.namespace,
-            "labels": {MANAGED_BY_LABEL: "trnctl", **(labels or {})},
+            "labels": {MANAGED_BY_LABEL: "trnctl", TARGET_LABEL: target, **(labels or {})},
         },
         "spec": {
             "runtimeRef": {
-                "name": ws.RUNTIME_NAME,
+                "name": runtime_name(outputs, target),
                 "apiGroup": ws.TRAINER_API_GROUP,
                 "kind": "TrainingRuntime",
             },
@@ -366,6 +396,84 @@ def render(
     }
     check_schema(job)
     return job
+
+
+def check_target(target: str) -> str:
+    """``target`` if it is one of :data:`TARGETS`.
+
+    Raises:
+        TrnctlError: USAGE naming ``--target``, the value and the allowed values.
+    """
+    if target not in TARGETS:
+        raise TrnctlError(f"--target {target!r} is not allowed; use {' or '.join(TARGETS)}")
+    return target
+
+
+def require_target(outputs: EnvironmentOutputs, target: str) -> None:
+    """Checks ``target`` (:func:`check_target`) and that the environment has its node group.
+
+    Raises:
+        TrnctlError: USAGE naming ``--target`` and the allowed values, or, for ``gpu`` in an
+            environment without a GPU group, how to add one; FAILED for outputs that name a GPU
+            type but no CUDA image.
+    """
+    if check_target(target) != GPU:
+        return
+    if not outputs.has_gpu:
+        known = ", ".join(trn_catalog.GPU_CATALOG)
+        raise TrnctlError(
+            f"--target gpu: environment {outputs.environment!r} has no GPU node group; add one "
+            f"by deploying it with -c gpu_instance_type=TYPE (one of: {known}), e.g. "
+            "-c gpu_instance_type=p5.48xlarge, or submit with --target trn"
+        )
+    if not outputs.gpu_image_uri:
+        raise TrnctlError(
+            f"environment {outputs.environment!r} names GPU type {outputs.gpu_instance_type} "
+            "but no gpu_image_uri in its outputs; redeploy the workloads stack",
+            ExitCode.FAILED,
+        )
+
+
+def runtime_name(outputs: EnvironmentOutputs, target: str) -> str:
+    """The TrainingRuntime a ``target`` job references: ``neuron-torch``, or the GPU group's
+    (the outputs' ``gpu_runtime``, ``cuda-torch``)."""
+    if target == GPU:
+        return outputs.gpu_runtime or ws.GPU_RUNTIME_NAME
+    return ws.RUNTIME_NAME
+
+
+def target_of(job: Mapping[str, Any]) -> str:
+    """The target a TrainJob runs on: its :data:`TARGET_LABEL`, else (a job submitted before
+    the label) ``gpu`` when it references the GPU runtime, else ``trn``."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    if labels.get(TARGET_LABEL) in TARGETS:
+        return str(labels[TARGET_LABEL])
+    runtime = ((job.get("spec") or {}).get("runtimeRef") or {}).get("name")
+    return GPU if runtime == ws.GPU_RUNTIME_NAME else TRN
+
+
+def gpu_spec_of(outputs: EnvironmentOutputs) -> GpuInstanceSpec:
+    """The GPU catalog's entry for the environment's GPU type.
+
+    Raises:
+        TrnctlError: FAILED, the type is not in the GPU catalog.
+    """
+    try:
+        return trn_catalog.get_gpu(outputs.gpu_instance_type)
+    except trn_catalog.UnknownGpuInstanceTypeError as error:
+        raise TrnctlError(
+            f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
+        ) from None
+
+
+def gpu_ranks_per_node(outputs: EnvironmentOutputs) -> int:
+    """A ``gpu`` job's ``numProcPerNode``: the GPU catalog's GPUs of the environment's GPU type
+    (Trainer 2.3.0 would hand torchrun ``auto`` otherwise).
+
+    Raises:
+        TrnctlError: FAILED, the type is not in the GPU catalog.
+    """
+    return gpu_spec_of(outputs).gpus
 
 
 def ranks_per_node(outputs: EnvironmentOutputs) -> int:
@@ -401,11 +509,13 @@ def check_schema(job: Mapping[str, Any]) -> None:
         )
 
 
-def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
-    """How the cluster's ``neuron-torch`` runtime differs from what jobs on ``spec`` need under
-    the pinned Trainer release: its torch policy, the trainer job's ancestor label, and the
-    instance type, Neuron devices, EFA interfaces and huge pages its node container asks for.
-    (Ranks per node are the TrainJob's own since Trainer 2.2.0.) Empty when they agree."""
+def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec | GpuInstanceSpec) -> list[str]:
+    """How the cluster's runtime differs from what jobs on ``spec`` need under the pinned
+    Trainer release: its torch policy, the trainer job's ancestor label, and the instance type,
+    devices (Neuron devices on a trn type, ``nvidia.com/gpu`` on a GPU type), EFA interfaces
+    and huge pages its node container asks for; for a GPU type also the node selection and the
+    toleration of the GPU group's taint. (Ranks per node are the TrainJob's own since Trainer
+    2.2.0.) Empty when they agree."""
     try:
         (replicated,) = [
             r
@@ -428,18 +538,37 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec) -> list[str]:
             "and ranks would not reach it)"
         )
     env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-    if env.get("TRN_INSTANCE_TYPE") != spec.name:
-        problems.append(f"TRN_INSTANCE_TYPE {env.get('TRN_INSTANCE_TYPE')} (catalog: {spec.name})")
+    if isinstance(spec, GpuInstanceSpec):
+        variable, devices = ws.GPU_INSTANCE_TYPE_ENV, {ws.GPU_RESOURCE: spec.gpus}
+        problems += _gpu_placement_drift(pod, spec)
+    else:
+        variable, devices = "TRN_INSTANCE_TYPE", {"aws.amazon.com/neuron": spec.chips}
+    if env.get(variable) != spec.name:
+        problems.append(f"{variable} {env.get(variable)} (catalog: {spec.name})")
     limits = (container.get("resources") or {}).get("limits") or {}
-    wanted = {
-        "aws.amazon.com/neuron": spec.chips,
-        "vpc.amazonaws.com/efa": spec.efa_interfaces,
-    }
-    for resource, count in wanted.items():
+    for resource, count in {**devices, "vpc.amazonaws.com/efa": spec.efa_interfaces}.items():
         if str(limits.get(resource)) != str(count):
             problems.append(f"{resource} {limits.get(resource)} (catalog: {count})")
     if "hugepages-2Mi" not in limits:
         problems.append("no hugepages-2Mi (EFA needs them)")
+    return problems
+
+
+# The node label EKS sets to the instance type (Kubernetes well-known labels).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def _gpu_placement_drift(pod: Mapping[str, Any], spec: GpuInstanceSpec) -> list[str]:
+    """Whether a GPU runtime's pod selects the GPU group's nodes of ``spec`` and tolerates the
+    group's taint."""
+    problems = []
+    selector = pod.get("nodeSelector") or {}
+    wanted = {ws.NODE_TYPE_LABEL: ws.GPU_NODE_TYPE, INSTANCE_TYPE_LABEL: spec.name}
+    for label, value in wanted.items():
+        if selector.get(label) != value:
+            problems.append(f"nodeSelector {label}={selector.get(label)} (wanted: {value})")
+    if not any(t.get("key") == ws.GPU_TAINT_KEY for t in pod.get("tolerations") or []):
+        problems.append(f"no toleration of the {ws.GPU_TAINT_KEY} taint of the GPU nodes")
     return problems
 
 

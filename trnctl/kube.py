@@ -239,16 +239,17 @@ class Cluster:
             **kwargs,
         )
 
-    def runtime(self) -> dict[str, Any]:
+    def runtime(self, name: str = ws.RUNTIME_NAME) -> dict[str, Any]:
+        """The TrainingRuntime ``name`` (default ``neuron-torch``) of the namespace."""
         with calling(
-            f"read TrainingRuntime {ws.RUNTIME_NAME} in {self.namespace}",
+            f"read TrainingRuntime {name} in {self.namespace}",
             not_found=(
-                f"TrainingRuntime {ws.RUNTIME_NAME!r} not found in namespace {self.namespace!r}: "
+                f"TrainingRuntime {name!r} not found in namespace {self.namespace!r}: "
                 "deploy the workloads stack (it installs Kubeflow Trainer and the runtime)"
             ),
         ):
             found: dict[str, Any] = self._custom(
-                self.custom.get_namespaced_custom_object, jobs.RUNTIME_PLURAL, name=ws.RUNTIME_NAME
+                self.custom.get_namespaced_custom_object, jobs.RUNTIME_PLURAL, name=name
             )
         return found
 

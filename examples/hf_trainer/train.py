@@ -14,7 +14,9 @@ and the script stops rather than train on another one (or on CPU). Output (check
 ``$TRN_CHECKPOINT_DIR`` when set (the platform sets it to the job's directory on FSx), else
 ``--output-dir``; a rerun resumes from the newest checkpoint there.
 
-It prints one JSON line per logged step: ``{"step": N, "loss": L}``.
+It prints one JSON line per logged step: ``{"step": N, "loss": L}``. On the platform's images,
+where a job sets ``TRN_METRICS_FILE``, it also writes the metrics ``trnctl compare`` reads
+(``trainer.runlog``); elsewhere that module is absent and nothing changes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer_utils import get_last_checkpoint
+
+try:  # the platform's images: metrics for `trnctl compare` (written where TRN_METRICS_FILE is set)
+    from trainer import runlog
+except ImportError:  # anywhere else
+    runlog = None  # type: ignore[assignment,unused-ignore]
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog. "
@@ -77,6 +84,42 @@ class PrintLoss(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
         if state.is_world_process_zero and logs and "loss" in logs:
             print(json.dumps({"step": state.global_step, "loss": logs["loss"]}), flush=True)
+
+
+class RunMetrics(TrainerCallback):
+    """The platform's metrics file (``trainer.runlog``), where there is one: opened when
+    training begins (after a resumed checkpoint is loaded), a record per logged loss."""
+
+    def __init__(self, seq_len: int, precision: str) -> None:
+        self.seq_len, self.precision = seq_len, precision
+        self.log: Any = None
+
+    def tokens_per_step(self, args: Any) -> int:
+        sequences = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        return int(sequences * args.world_size * self.seq_len)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if runlog is None:
+            return
+        params = sum(p.numel() for p in kw["model"].parameters())
+        self.log = runlog.start(
+            model="tiny-llama",
+            device=args.device.type,
+            precision=self.precision,
+            global_batch_tokens=self.tokens_per_step(args),
+            seq_len=self.seq_len,
+            flops_per_token=6.0 * params,  # forward and backward through every weight, about
+            start_tokens=state.global_step * self.tokens_per_step(args),
+        )
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        if self.log is not None and logs and "loss" in logs:
+            tokens = state.global_step * self.tokens_per_step(args)
+            self.log.step(state.global_step, logs["loss"], tokens)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.log is not None:
+            self.log.close()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -128,7 +171,10 @@ def main(argv: list[str] | None = None) -> None:
         model=tiny_llama(args.seq_len),
         args=training,
         train_dataset=ByteWindows(TEXT, args.seq_len),
-        callbacks=[PrintLoss()],
+        callbacks=[
+            PrintLoss(),
+            RunMetrics(args.seq_len, "fp32" if args.device == "cpu" else "bf16 autocast"),
+        ],
     )
     resume = None
     if args.output_dir.is_dir():

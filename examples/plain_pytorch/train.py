@@ -12,7 +12,9 @@ Checkpoints go to ``$TRN_CHECKPOINT_DIR`` (the platform sets it to the job's dir
 or ``--checkpoint-dir``; a rerun resumes from the newest one. On SIGTERM (preemption, the end of
 a Capacity Block) every rank stops after its current step and rank 0 saves a checkpoint.
 
-It prints one JSON line per logged step: ``{"step": N, "loss": L, "tokens": T}``.
+It prints one JSON line per logged step: ``{"step": N, "loss": L, "tokens": T}``. On the
+platform's images, where a job sets ``TRN_METRICS_FILE``, it also writes the metrics ``trnctl
+compare`` reads (``trainer.runlog``); elsewhere that module is absent and nothing changes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+try:  # the platform's images: metrics for `trnctl compare` (written where TRN_METRICS_FILE is set)
+    from trainer import runlog
+except ImportError:  # anywhere else
+    runlog = None  # type: ignore[assignment,unused-ignore]
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog. "
@@ -155,6 +162,21 @@ def main(argv: list[str] | None = None) -> None:
         if device.type != "cpu"
         else contextlib.nullcontext()
     )
+    tokens_per_step = world * args.batch_size * args.seq_len
+    params = sum(p.numel() for p in model.parameters())
+    metrics = (
+        runlog.start(
+            model="tiny-lm",
+            device=device.type,
+            precision="fp32" if device.type == "cpu" else "bf16 autocast",
+            global_batch_tokens=tokens_per_step,
+            seq_len=args.seq_len,
+            flops_per_token=6.0 * params,  # forward and backward through every weight, about
+            start_tokens=start * tokens_per_step,
+        )
+        if runlog is not None
+        else None
+    )
     step = start
     for step in range(start + 1, args.steps + 1):
         inputs, targets = (t.to(device) for t in next(stream))
@@ -169,9 +191,11 @@ def main(argv: list[str] | None = None) -> None:
             if world > 1:
                 dist.all_reduce(loss_value)
                 loss_value /= world
-            tokens = step * world * args.batch_size * args.seq_len
+            tokens = step * tokens_per_step
             if rank == 0:
                 print(json.dumps({"step": step, "loss": loss_value.item(), "tokens": tokens}))
+            if metrics is not None:
+                metrics.step(step, loss_value.item(), tokens)
         # Every rank stops at the same step: a rank that went on alone would wait in its next
         # all-reduce until the grace period ends.
         stop_now = torch.tensor([float(stopping)], device=device)
@@ -184,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             save(args.checkpoint_dir, step, inner, optimizer)
         if stop_now.item():
             break
+    if metrics is not None:
+        metrics.close()
     if world > 1:
         dist.destroy_process_group()
 

@@ -16,6 +16,7 @@ from kube_objects import Applied, manifests, problems
 
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import crds, versions
+from trn_catalog import workspace as ws
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import jobs, validation
 
@@ -23,8 +24,9 @@ NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def trnctl_objects(synth: Synth) -> list[Applied]:
-    """The TrainJobs `trnctl job submit` (from a preset; from a staged model with LoRA),
-    `trnctl job export` and `trnctl validate` create in this environment."""
+    """The TrainJobs `trnctl job submit` (from a preset; from a staged model with LoRA; running
+    a command after --; with a GPU group, both on --target gpu), `trnctl job export` and
+    `trnctl validate` create in this environment."""
     workspace = synth.platform.workloads.workspace.props
     outputs = EnvironmentOutputs(
         environment="trn-dev",
@@ -43,6 +45,7 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         service_account=workspace.service_account,
         instance_type=workspace.instance_type,
         trn_nodes=workspace.nodes,
+        **gpu_outputs(workspace),
     )
     name = jobs.generated_name("train", "125m", NOW)
     train = jobs.render(
@@ -65,12 +68,50 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
     export = jobs.render_export(
         job_name=model_name, export=jobs.export_name(model_name, NOW), outputs=outputs
     )
-    return [
+    command = jobs.CommandArgs(("torchrun", "train.py", "--device", "neuron"), "/datasets/code/x")
+    run_name = jobs.generated_name("run", "torchrun", NOW)
+    own_code = jobs.render_command(
+        name=run_name, outputs=outputs, nodes=workspace.nodes, command=command
+    )
+    objects = [
         Applied("trnctl job submit", train),
         Applied("trnctl job submit --model --lora-rank", fine_tune),
+        Applied("trnctl job submit -- COMMAND", own_code),
         Applied("trnctl job export", export),
         Applied("trnctl validate", validation.render(outputs, now=NOW)),
     ]
+    if outputs.has_gpu:
+        gpu_train = jobs.render(
+            name=name,
+            outputs=outputs,
+            nodes=outputs.gpu_nodes,
+            args=jobs.TrainingArgs("125m", "corpus", max_steps=100).argv(name),
+            labels={jobs.PRESET_LABEL: "125m"},
+            target=jobs.GPU,
+        )
+        cuda = jobs.CommandArgs(("torchrun", "train.py", "--device", "cuda"), "/datasets/code/x")
+        gpu_code = jobs.render_command(
+            name=run_name, outputs=outputs, nodes=outputs.gpu_nodes, command=cuda, target=jobs.GPU
+        )
+        objects += [
+            Applied("trnctl job submit --target gpu", gpu_train),
+            Applied("trnctl job submit --target gpu -- COMMAND", gpu_code),
+        ]
+    return objects
+
+
+def gpu_outputs(workspace: Any) -> dict[str, Any]:
+    """The GPU fields of the environment's outputs, as the workloads stack writes them for a
+    workspace with a GPU type (none without)."""
+    if workspace.gpu_instance_type is None:
+        return {}
+    return {
+        "gpu_nodegroup": "trn-dev-gpu-0a1b2c3d",
+        "gpu_instance_type": workspace.gpu_instance_type,
+        "gpu_nodes": workspace.gpu_nodes,
+        "gpu_image_uri": "123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1-cuda",
+        "gpu_runtime": ws.GPU_RUNTIME_NAME,
+    }
 
 
 def applied(synth: Synth) -> list[Applied]:
@@ -97,11 +138,14 @@ def test_every_object_conforms_to_the_pinned_apis(
         "TrainingRuntime",
         "TrainJob",
     } <= kinds
+    gpu = {"trnctl job submit --target gpu", "trnctl job submit --target gpu -- COMMAND"}
     assert {a.origin for a in objects if a.origin.startswith("trnctl")} == {
         "trnctl job submit",
         "trnctl job submit --model --lora-rank",
+        "trnctl job submit -- COMMAND",
         "trnctl job export",
         "trnctl validate",
+        *(gpu if "gpu_instance_type" in VARIANTS[variant] else ()),
     }
     failures = {a.name: problems(a.obj) for a in objects}
     assert {name: found for name, found in failures.items() if found} == {}

@@ -5,17 +5,39 @@ names the pinned Trainer release's torch runtime requires, which trnctl and the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_objects import manifests
+from kube_objects import manifests, problems
 
 import trn_catalog
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import crds
 from trn_catalog import workspace as ws
+from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import jobs
+
+# An environment's outputs; only the namespace, images and types matter to a rendered job.
+OUTPUTS_FOR_SEAM = EnvironmentOutputs(
+    environment="trn-dev",
+    region="us-east-2",
+    cluster_name="trn-dev",
+    trn_nodegroup="trn-dev-trn-0a1b2c3d",
+    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
+    fsx_file_system_id="fs-0123456789abcdef0",
+    fsx_mount_name="abcdefgh",
+    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
+    datasets_bucket="trn-dev-datasets",
+    checkpoints_bucket="trn-dev-checkpoints",
+    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
+    image_uri="example.com/trainer:1",
+    namespace="training",
+    service_account="trainer",
+    instance_type="trn3.48xlarge",
+    trn_nodes=2,
+)
 
 
 def synthesized_runtime(synth: Synth, name: str = ws.RUNTIME_NAME) -> dict[str, Any]:
@@ -161,3 +183,64 @@ def test_the_gpu_runtime_runs_on_the_gpu_group_with_the_trainer_jobs_names(
     }
     # The trn runtime is unchanged beside it.
     assert jobs.runtime_drift(synthesized_runtime(synth), trn_catalog.get("trn3.48xlarge")) == []
+
+
+def test_job_submit_target_gpu_finds_no_drift_in_the_synthesized_gpu_runtime(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    synth = synth_variant("gpu")
+    spec = trn_catalog.get_gpu(node_instance_type(synth, trn_catalog.GPU_CATALOG))
+
+    assert jobs.runtime_drift(synthesized_runtime(synth, ws.GPU_RUNTIME_NAME), spec) == []
+    # The trn runtime is no place for a GPU job: the check says why.
+    assert jobs.runtime_drift(synthesized_runtime(synth), spec)[:3] == [
+        f"nodeSelector {ws.NODE_TYPE_LABEL}={ws.TRAINIUM_NODE_TYPE} (wanted: {ws.GPU_NODE_TYPE})",
+        f"nodeSelector node.kubernetes.io/instance-type=trn3.48xlarge (wanted: {spec.name})",
+        f"no toleration of the {ws.GPU_TAINT_KEY} taint of the GPU nodes",
+    ]
+
+
+def test_a_gpu_job_on_the_synthesized_gpu_runtime_makes_a_conforming_gpu_pod(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    """The pod Kubeflow Trainer builds for a --target gpu job: the runtime's pod with the job's
+    image, command, arguments and environment (upserted) in the trainer container. It conforms
+    to Kubernetes 1.35 and asks for every GPU and EFA interface of the type, on the GPU nodes."""
+    synth = synth_variant("gpu")
+    gpu_type = node_instance_type(synth, trn_catalog.GPU_CATALOG)
+    spec = trn_catalog.get_gpu(gpu_type)
+    runtime = synthesized_runtime(synth, ws.GPU_RUNTIME_NAME)
+    outputs = dataclasses.replace(
+        OUTPUTS_FOR_SEAM,
+        gpu_instance_type=gpu_type,
+        gpu_nodes=2,
+        gpu_image_uri="example.com/trainer:1-cuda",
+        gpu_runtime=ws.GPU_RUNTIME_NAME,
+    )
+    command = jobs.CommandArgs(("torchrun", "train.py", "--device", "cuda"))
+    job = jobs.render_command(
+        name="run-p5", outputs=outputs, nodes=2, command=command, target=jobs.GPU
+    )
+    trainer = job["spec"]["trainer"]
+    pod = copy.deepcopy(trainer_job(runtime)["template"]["spec"]["template"]["spec"])
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    env |= {e["name"]: e["value"] for e in trainer["env"]}
+    container.update(
+        image=trainer["image"],
+        command=trainer["command"],
+        args=trainer["args"],
+        env=[{"name": k, "value": v} for k, v in env.items()],
+    )
+
+    assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    assert (
+        problems({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": pod}) == []
+    )
+    limits = container["resources"]["limits"]
+    assert limits[ws.GPU_RESOURCE] == spec.gpus == trainer["numProcPerNode"]
+    assert limits["vpc.amazonaws.com/efa"] == spec.efa_interfaces
+    assert env[ws.GPU_INSTANCE_TYPE_ENV] == gpu_type
+    assert env["TRN_METRICS_FILE"] == "/fsx/checkpoints/run-p5/metrics.jsonl"
+    assert pod["nodeSelector"][ws.NODE_TYPE_LABEL] == ws.GPU_NODE_TYPE
+    assert {t["key"] for t in pod["tolerations"]} == {ws.GPU_TAINT_KEY}

@@ -76,7 +76,11 @@ def test_a_command_runs_through_the_image_entrypoint_with_the_checkpoint_directo
     trainer = job["spec"]["trainer"]
     assert trainer["command"] == [*image_entrypoint(), "--exec", "--"]
     assert trainer["args"] == COMMAND
-    assert trainer["env"] == [{"name": "TRN_CHECKPOINT_DIR", "value": "/fsx/checkpoints/run-mine"}]
+    assert trainer["env"] == [
+        {"name": "TRN_CHECKPOINT_DIR", "value": "/fsx/checkpoints/run-mine"},
+        # Where trainer.runlog writes, and where `trnctl compare run-mine --env E` reads.
+        {"name": "TRN_METRICS_FILE", "value": "/fsx/checkpoints/run-mine/metrics.jsonl"},
+    ]
     # The place trn-train run checkpoints to for a job of the same name.
     trn_train = jobs.TrainingArgs("125m", "corpus").argv("run-mine")
     assert trn_train[trn_train.index("--checkpoint-dir") + 1] == "/fsx/checkpoints/run-mine"

@@ -186,6 +186,7 @@ def test_dry_run_prints_the_trainjob_and_calls_no_kubernetes(
     assert job["metadata"]["name"] == "run-1"
     assert job["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/target": "trn",
         "trn-platform/preset": "125m",
     }
     assert job["spec"]["trainer"]["numNodes"] == 2

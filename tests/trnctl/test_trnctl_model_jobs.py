@@ -72,6 +72,7 @@ def test_a_model_job_reads_the_model_where_it_reads_its_data(
     ]
     assert job["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/target": "trn",
         "trn-platform/model": "llama-3.2-1b",
     }
     jobs.check_schema(job)
@@ -260,6 +261,7 @@ def test_the_export_job_runs_trn_train_export_on_one_node() -> None:
     ]
     assert job["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "trnctl",
+        "trn-platform/target": "trn",
         "trn-platform/purpose": "export",
         "trn-platform/source-job": "ft-1",
     }

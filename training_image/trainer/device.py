@@ -162,7 +162,7 @@ class CudaBackend(Backend):
     default_compile = "inductor"
     autocast_dtype = torch.bfloat16
     # Dense BF16 tensor-core peaks from NVIDIA's data sheets (SXM parts), keyed by a substring of
-    # torch.cuda.get_device_name().
+    # torch.cuda.get_device_name(): for a GPU outside the GPU catalog (a run off the platform).
     PEAK_BF16: ClassVar[dict[str, float]] = {
         "A100": 312e12,
         "H100": 989e12,
@@ -182,6 +182,13 @@ class CudaBackend(Backend):
         torch.cuda.synchronize(self.device)
 
     def peak_flops(self, *, instance_type: str) -> float | None:
+        """The GPU catalog's dense BF16 peak per GPU of ``instance_type`` (one rank per GPU),
+        the figure the platform's cost and capacity tools use; a type outside that catalog
+        falls back to the device name's data-sheet figure, or None."""
+        from trn_catalog.gpu_instances import GPU_CATALOG
+
+        if instance_type in GPU_CATALOG:
+            return GPU_CATALOG[instance_type].bf16_tflops_per_gpu * 1e12
         name = torch.cuda.get_device_name(self.device)
         return next((v for k, v in self.PEAK_BF16.items() if k in name), None)
 

@@ -3,6 +3,12 @@
 Mostly pure functions of the incoming environment, so that they are tested without a
 container. The facts behind each variable are in the platform notes (Neuron SDK docs: runtime and
 compiler environment variables, EFA setup for multi-node training) and in :mod:`trainer.stacks`.
+
+Two kinds of node: a trn node of the ``neuron-torch`` runtime (``TRN_INSTANCE_TYPE``, the
+image's Neuron stack), and a GPU node of the ``cuda-torch`` runtime, which names its type in
+``TRN_GPU_INSTANCE_TYPE`` (the CUDA image, ``training_image/Dockerfile.cuda``): one rank per GPU
+of the GPU catalog, device ``cuda``, NCCL over EFA through the image's aws-ofi-nccl, and none of
+the Neuron stack's checks, compiler flags or compile cache.
 """
 
 from __future__ import annotations
@@ -22,9 +28,15 @@ from pathlib import Path
 from types import FrameType
 
 from trainer import stacks
+from trn_catalog.gpu_instances import GpuInstanceSpec
+from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
 
 # The instance type a job's environment names in TRN_INSTANCE_TYPE, where it names none.
 DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
+# Where the CUDA image's EFA installer puts libfabric and the aws-ofi-nccl plugin that carries
+# NCCL over it (Dockerfile.cuda puts both on LD_LIBRARY_PATH; without them NCCL uses sockets).
+EFA_LIBFABRIC_DIR = Path("/opt/amazon/efa/lib")
+OFI_NCCL_DIR = Path("/opt/amazon/aws-ofi-nccl/lib")
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
 PRECOMPILE_ENV = "TRN_PRECOMPILE"  # "1": run trn-train compile before the run
 # torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
@@ -113,6 +125,116 @@ def stack_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def gpu_spec(env: Mapping[str, str]) -> GpuInstanceSpec | None:
+    """The GPU catalog's entry for ``TRN_GPU_INSTANCE_TYPE`` (a GPU node), or None (a trn node,
+    or a run outside the platform).
+
+    Raises:
+        KeyError: the type is not in the GPU catalog (``UnknownGpuInstanceTypeError``).
+    """
+    name = env.get(GPU_INSTANCE_TYPE_ENV)
+    if not name:
+        return None
+    from trn_catalog.gpu_instances import get_gpu
+
+    return get_gpu(name)
+
+
+def gpu_problem(env: Mapping[str, str]) -> str | None:
+    """Why this image cannot train on the GPU node ``env`` names, or None: a GPU type outside
+    the GPU catalog, or an image with a Neuron stack (``NEURON_STACK``: the Neuron image, whose
+    torch has no CUDA)."""
+    try:
+        spec = gpu_spec(env)
+    except KeyError as error:  # trn_catalog.UnknownGpuInstanceTypeError
+        return str(error)
+    if spec is not None and "NEURON_STACK" in env:
+        return (
+            f"this image has the Neuron stack NEURON_STACK={env['NEURON_STACK']} but runs on the "
+            f"GPU node {spec.name}: use the CUDA image (the environment's gpu_image_uri, "
+            "training_image/Dockerfile.cuda), or an image built from it"
+        )
+    return None
+
+
+def gpu_environment(
+    environ: Mapping[str, str],
+    spec: GpuInstanceSpec,
+    *,
+    efa_in_image: bool,
+    kernel_release: str | None = None,
+) -> dict[str, str]:
+    """The environment for torchrun and its workers on a GPU node of ``spec``.
+
+    Takes the rendezvous from Kubeflow's ``PET_*`` as :func:`job_environment` does. Where the
+    image has libfabric and aws-ofi-nccl (``efa_in_image``), sets (keeping any value the job
+    set) libfabric's EFA provider for NCCL's plugin, ``FI_EFA_USE_DEVICE_RDMA=1`` only on types
+    whose EFA supports RDMA (GPUDirect RDMA; the catalog's ``efa_rdma``) and
+    ``FI_EFA_FORK_SAFE=1`` on kernels older than 5.15. No Neuron compiler flags or compile
+    cache."""
+    env = dict(environ)
+    for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
+        if f"PET_{name}" in env:
+            env.setdefault(name, env[f"PET_{name}"])
+    if efa_in_image:
+        env.setdefault("FI_PROVIDER", "efa")
+        if spec.efa_rdma:
+            env.setdefault("FI_EFA_USE_DEVICE_RDMA", "1")
+        if _kernel_older_than(kernel_release or platform.release(), 5, 15):
+            env.setdefault("FI_EFA_FORK_SAFE", "1")
+    return env
+
+
+def efa_in_image(libfabric: Path = EFA_LIBFABRIC_DIR, plugin: Path = OFI_NCCL_DIR) -> bool:
+    """Whether the image has libfabric and the aws-ofi-nccl plugin, NCCL's way onto EFA."""
+    return libfabric.is_dir() and plugin.is_dir()
+
+
+def node_problem(env: Mapping[str, str]) -> str | None:
+    """Why the image cannot run on this node, or None: :func:`gpu_problem` on a GPU node, else
+    :func:`stack_problem`."""
+    if env.get(GPU_INSTANCE_TYPE_ENV):
+        return gpu_problem(env)
+    return stack_problem(env)
+
+
+def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The checked environment of this node, for the trainer or a ``--exec`` command: on a GPU
+    node :func:`gpu_environment`, else :func:`job_environment` with the stack's compile cache
+    created. Notes on stderr say which (the compile cache, or the GPU type, ranks and whether
+    NCCL can use EFA).
+
+    Raises:
+        ValueError: why the image cannot run on this node (:func:`node_problem`).
+    """
+    problem = node_problem(environ)
+    if problem:
+        raise ValueError(problem)
+    spec = gpu_spec(environ)
+    if spec is not None:
+        efa = efa_in_image()
+        env = gpu_environment(environ, spec, efa_in_image=efa)
+        print(f"launch: {gpu_note(spec, efa=efa)}", file=sys.stderr)
+        return env
+    env = job_environment(environ, compiler=compiler_version())
+    prepare_cache(env)
+    stack = stacks.of(env)
+    print(f"compile cache: {stack.cache_variable}={env[stack.cache_variable]}", file=sys.stderr)
+    return env
+
+
+def gpu_note(spec: GpuInstanceSpec, *, efa: bool) -> str:
+    """One line about a GPU node: its type, ranks, device and how NCCL reaches the other
+    nodes."""
+    network = (
+        f"NCCL over EFA ({spec.efa_interfaces} interfaces) through aws-ofi-nccl"
+        if efa
+        else f"no libfabric/aws-ofi-nccl under {EFA_LIBFABRIC_DIR.parent} in this image: NCCL "
+        "falls back to TCP sockets between nodes"
+    )
+    return f"{spec.name}: {spec.gpus} ranks per node on cuda; {network}"
+
+
 def prepare_cache(env: Mapping[str, str]) -> None:
     """Creates the native stack's NEFF cache directory (on FSx in a job) if it is missing; the
     XLA stack's cache may be an ``s3://`` URI and its compiler creates its own."""
@@ -123,7 +245,9 @@ def prepare_cache(env: Mapping[str, str]) -> None:
 
 def ranks_per_node(env: Mapping[str, str]) -> int:
     """One rank per logical NeuronCore of ``TRN_INSTANCE_TYPE`` from the instance catalog (the
-    logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on Trn2/Trn3, 1 on Trn1).
+    logical core size ``NEURON_LOGICAL_NC_CONFIG`` defaults to 2 on Trn2/Trn3, 1 on Trn1); on a
+    GPU node (:func:`gpu_spec`) one rank per GPU of the GPU catalog, whatever
+    ``NPROC_PER_NODE`` says (with a note when it differs).
 
     In a job the catalog wins over ``NPROC_PER_NODE`` / ``PET_NPROC_PER_NODE``: Kubeflow Trainer
     2.3.0 sets the latter to the pod's CPU request (184 on trn2.48xlarge) when the TrainJob names
@@ -134,11 +258,20 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
 
     Raises:
         ValueError: ``NEURON_LOGICAL_NC_CONFIG`` does not divide the type's NeuronCores.
-        KeyError: ``TRN_INSTANCE_TYPE`` is not in the catalog
+        KeyError: ``TRN_INSTANCE_TYPE`` (or ``TRN_GPU_INSTANCE_TYPE``) is not in its catalog
             (``trn_catalog.UnknownInstanceTypeError``).
     """
     variable = "NPROC_PER_NODE" if "NPROC_PER_NODE" in env else "PET_NPROC_PER_NODE"
     given = env.get(variable)
+    gpu = gpu_spec(env)
+    if gpu is not None:
+        if given is not None and given != str(gpu.gpus):
+            print(
+                f"launch: {gpu.name} has {gpu.gpus} GPUs; running {gpu.gpus} ranks per node, "
+                f"not {variable}={given}",
+                file=sys.stderr,
+            )
+        return gpu.gpus
     if "TRN_INSTANCE_TYPE" not in env and given is not None and given.isdigit() and int(given):
         return int(given)
     import trn_catalog
@@ -187,9 +320,18 @@ def torchrun_prefix(env: Mapping[str, str], *, shutdown_flag: bool = False) -> l
 
 
 def stack_device_args(env: Mapping[str, str]) -> list[str]:
-    """``--device <the stack's device>`` where the image names its stack (``NEURON_STACK``),
-    so that a missing Neuron device is an error rather than a run on CPU; else nothing (auto)."""
+    """``--device cuda`` on a GPU node; ``--device <the stack's device>`` where the image names
+    its stack (``NEURON_STACK``), so that a missing device is an error rather than a run on
+    CPU; else nothing (auto)."""
+    if gpu_spec(env) is not None:
+        return ["--device", "cuda"]
     return ["--device", stacks.of(env).device] if "NEURON_STACK" in env else []
+
+
+def instance_type(env: Mapping[str, str]) -> str:
+    """The node's instance type for the trainer's ``--instance-type`` (its MFU peak and the run
+    header): the GPU type on a GPU node, else ``TRN_INSTANCE_TYPE`` (default trn3.48xlarge)."""
+    return env.get(GPU_INSTANCE_TYPE_ENV) or env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE)
 
 
 def torchrun_argv(
@@ -199,10 +341,10 @@ def torchrun_argv(
     shutdown_flag: bool = False,
     command: str = "run",
 ) -> list[str]:
-    """:func:`torchrun_prefix` running ``trn-train <command>`` (default ``run``) on
-    ``TRN_INSTANCE_TYPE`` with the stack's device (:func:`stack_device_args`); ``train_args``
-    come last and win."""
-    instance = env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE)
+    """:func:`torchrun_prefix` running ``trn-train <command>`` (default ``run``) on the node's
+    :func:`instance_type` with its device (:func:`stack_device_args`); ``train_args`` come last
+    and win."""
+    instance = instance_type(env)
     return [
         *torchrun_prefix(env, shutdown_flag=shutdown_flag),
         *["-m", "trainer", command, "--instance-type", instance],
@@ -285,20 +427,25 @@ def _run_forwarding_sigterm(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The image's entrypoint: ``entrypoint.py [trainer run flags...]``. Refuses a stack that
-    cannot run on this instance type (exit 2). With ``TRN_PRECOMPILE=1`` (``trnctl job submit
-    --precompile``) it first runs :func:`precompile_argv`; a failing pre-pass (too little host
-    memory for the compilers, say) stops the job with its exit status."""
+    """The image's entrypoint: ``entrypoint.py [trainer run flags...]``. Refuses an image that
+    cannot run on this node (exit 2; see :func:`node_environment`). With ``TRN_PRECOMPILE=1``
+    (``trnctl job submit --precompile``) it first runs :func:`precompile_argv` on a trn node (a
+    GPU node refuses it: exit 2); a failing pre-pass (too little host memory for the compilers,
+    say) stops the job with its exit status."""
     train_args = list(sys.argv[1:] if argv is None else argv)
-    problem = stack_problem(os.environ)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
+    try:
+        env = node_environment(os.environ)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    env = job_environment(os.environ, compiler=compiler_version())
-    prepare_cache(env)
-    stack = stacks.of(env)
-    print(f"compile cache: {stack.cache_variable}={env[stack.cache_variable]}", file=sys.stderr)
     if env.get(PRECOMPILE_ENV) == "1":
+        if gpu_spec(env) is not None:
+            print(
+                f"error: {PRECOMPILE_ENV}=1 fills the Neuron compile cache; a GPU node has "
+                "none (submit without --precompile)",
+                file=sys.stderr,
+            )
+            return 2
         code = subprocess.run(precompile_argv(env, train_args), env=env, check=False).returncode
         if code:
             return code

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
+
 TRAIN = "train"
 EVAL = "eval"
 # The first record a run writes (each start of a resumed run writes its own); see run_header.
@@ -43,6 +45,13 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -
     return tokens_per_s * flops_per_token / peak_flops
 
 
+def node_instance_type(env: Mapping[str, str] = os.environ) -> str | None:
+    """The instance type of the node a job runs on: ``TRN_GPU_INSTANCE_TYPE`` on a GPU node of
+    the ``cuda-torch`` runtime, else ``TRN_INSTANCE_TYPE`` (every trn job); None outside the
+    platform."""
+    return env.get(GPU_INSTANCE_TYPE_ENV) or env.get("TRN_INSTANCE_TYPE") or None
+
+
 def run_header(
     *,
     started_at: datetime,
@@ -53,17 +62,17 @@ def run_header(
     model: str,
     seq_len: int,
     global_batch_tokens: int,
-    flops_per_token: float,
+    flops_per_token: float | None,
     peak_flops_per_rank: float | None,
     env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The ``"kind": "run"`` record that opens a run's metrics (``trnctl compare`` reads it):
-    what ran where, and what its MFU is computed from. ``instance_type`` comes from
-    ``TRN_INSTANCE_TYPE``, which the platform sets in every job, and is None outside one (a
-    local run); ``started_at`` (timezone-aware) is written as UTC ISO-8601."""
+    what ran where, and what its MFU is computed from. ``instance_type`` is the node's
+    (:func:`node_instance_type`), None outside the platform (a local run); ``started_at``
+    (timezone-aware) is written as UTC ISO-8601."""
     return {
         "kind": RUN,
-        "instance_type": env.get("TRN_INSTANCE_TYPE") or None,
+        "instance_type": node_instance_type(env),
         "nodes": nodes,
         "world_size": world_size,
         "device": device,

@@ -179,6 +179,7 @@ def table_rows(
     reference = summaries[0].run.label
     at = f"loss at {matched[-1]:,.0f} tokens" if matched else "loss at matched tokens"
     rows = [
+        row("target", lambda s: compare.target_of(s.run)),
         row("instance", lambda s: f"{s.run.header['nodes']} x {_instance(s.run)}"),
         row(
             "device, precision", lambda s: f"{s.run.header['device']}, {s.run.header['precision']}"

@@ -29,7 +29,8 @@ from trnctl.commands.common import (
 from trnctl.errors import ExitCode, TrnctlError
 
 app = typer.Typer(
-    help="Training jobs (Kubeflow Trainer TrainJobs on the neuron-torch runtime).",
+    help="Training jobs (Kubeflow Trainer TrainJobs on the neuron-torch runtime, or with "
+    "--target gpu on the GPU group's cuda-torch runtime).",
     no_args_is_help=True,
 )
 
@@ -82,7 +83,11 @@ def job_submit(
     ] = None,
     nodes: Annotated[
         int | None,
-        typer.Option("--nodes", min=1, help="trn nodes; default: the environment's node count."),
+        typer.Option(
+            "--nodes",
+            min=1,
+            help="Nodes of the target's group; default: all of them (the environment's count).",
+        ),
     ] = None,
     image: ImageOption = None,
     max_steps: Annotated[int | None, typer.Option("--max-steps", min=1)] = None,
@@ -117,13 +122,26 @@ def job_submit(
             "fill the shared compile cache, after checking host memory; then train.",
         ),
     ] = False,
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target",
+            help="trn: the trn node group (neuron-torch runtime); gpu: the environment's GPU "
+            "node group (cuda-torch runtime, the CUDA image, one rank per GPU), for "
+            "side-by-side runs.",
+        ),
+    ] = jobs.TRN,
     name: NameOption = None,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
     """Submit a training job from a preset or a staged model, or one that runs your own command
-    (after --): one pod per trn node with all its Neuron devices and EFA interfaces;
-    checkpoints and metrics go to /fsx under the job's name."""
+    (after --): one pod per node of the target's group (trn by default) with all its Neuron
+    devices or GPUs and EFA interfaces; checkpoints and metrics go to /fsx under the job's
+    name."""
+    jobs.check_target(target)
+    if target == jobs.GPU:
+        _refuse_on_gpu({"--precompile": precompile})
     if command:
         trainer_only = {
             "--preset": preset is not None,
@@ -150,6 +168,7 @@ def job_submit(
             name=name,
             dry_run=dry_run,
             region=region,
+            target=target,
         )
         return
     if code is not None:
@@ -180,8 +199,8 @@ def job_submit(
         eval_batches=eval_batches,
     )
     outputs = common.outputs_of(env, region)
-    spec = common.spec_of(outputs)
-    count = _node_count(outputs, nodes)
+    spec = _spec_of(outputs, target)
+    count = _node_count(outputs, nodes, target)
     if model_name is not None:
         s3 = aws.client("s3", outputs.region)
         models.require_staged(s3, outputs.datasets_bucket, model_name, env)
@@ -196,18 +215,54 @@ def job_submit(
         image=image,
         labels={label: start},
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
+        target=target,
     )
     what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
     _create(job, outputs, spec, what, env, dry_run)
 
 
-def _node_count(outputs: EnvironmentOutputs, nodes: int | None) -> int:
-    count = outputs.trn_nodes if nodes is None else nodes
-    if count > outputs.trn_nodes:
+# The flags of `job submit` that only mean something on Trainium, and why.
+TRN_ONLY = {"--precompile": "it fills the Neuron compile cache; CUDA compiles as it runs"}
+
+
+def _refuse_on_gpu(given: dict[str, bool]) -> None:
+    """Refuses the Trainium-only flags among ``given`` (flag -> whether it was given) for a
+    ``--target gpu`` job, each named with the reason.
+
+    Raises:
+        TrnctlError: USAGE.
+    """
+    refused = [flag for flag, on in given.items() if on]
+    if refused:
+        reasons = "; ".join(f"{flag}: {TRN_ONLY[flag]}" for flag in refused)
         raise TrnctlError(
-            f"--nodes {count} is more than the {outputs.trn_nodes} trn nodes of "
-            f"{outputs.environment}; the pods would wait for capacity forever (scale the node "
-            "group first)"
+            f"{', '.join(refused)} only {'applies' if len(refused) == 1 else 'apply'} to "
+            f"Trainium and cannot go with --target gpu ({reasons}); leave "
+            f"{'it' if len(refused) == 1 else 'them'} out"
+        )
+
+
+def _spec_of(
+    outputs: EnvironmentOutputs, target: str
+) -> trn_catalog.InstanceSpec | trn_catalog.GpuInstanceSpec:
+    """The catalog entry of the target's node group (after :func:`jobs.require_target`)."""
+    jobs.require_target(outputs, target)
+    return jobs.gpu_spec_of(outputs) if target == jobs.GPU else common.spec_of(outputs)
+
+
+def _node_count(outputs: EnvironmentOutputs, nodes: int | None, target: str) -> int:
+    group, size = ("GPU", outputs.gpu_nodes) if target == jobs.GPU else ("trn", outputs.trn_nodes)
+    count = size if nodes is None else nodes
+    if size == 0:
+        key = "gpu_nodes" if target == jobs.GPU else "trn_nodes"
+        raise TrnctlError(
+            f"the {group} node group of {outputs.environment} has 0 nodes: a job would wait "
+            f"for capacity forever; redeploy with -c {key}=N (N >= 1) first"
+        )
+    if count > size:
+        raise TrnctlError(
+            f"--nodes {count} is more than the {size} {group} nodes of {outputs.environment}; "
+            "the pods would wait for capacity forever (scale the node group first)"
         )
     return count
 
@@ -215,21 +270,22 @@ def _node_count(outputs: EnvironmentOutputs, nodes: int | None) -> int:
 def _create(
     job: dict[str, Any],
     outputs: EnvironmentOutputs,
-    spec: trn_catalog.InstanceSpec,
+    spec: trn_catalog.InstanceSpec | trn_catalog.GpuInstanceSpec,
     what: str,
     env: str,
     dry_run: bool,
 ) -> None:
-    """Prints ``job`` (a dry run), or creates it once the cluster's runtime matches the
-    catalog."""
+    """Prints ``job`` (a dry run), or creates it once the cluster's runtime for the job's
+    target matches the catalog."""
     if dry_run:
         typer.echo(jobs.to_yaml(job), nl=False)
         return
     cluster = common.cluster_of(outputs)
-    drift = jobs.runtime_drift(cluster.runtime(), spec)
+    runtime = job["spec"]["runtimeRef"]["name"]
+    drift = jobs.runtime_drift(cluster.runtime(runtime), spec)
     if drift:
         raise TrnctlError(
-            f"TrainingRuntime neuron-torch in {outputs.namespace} does not match the catalog for "
+            f"TrainingRuntime {runtime} in {outputs.namespace} does not match the catalog for "
             f"{spec.name}: {'; '.join(drift)}; redeploy the workloads stack",
             ExitCode.FAILED,
         )
@@ -255,9 +311,10 @@ def _submit_command(
     name: str | None,
     dry_run: bool,
     region: str | None,
+    target: str,
 ) -> None:
     """``job submit -- COMMAND``: refuses the flags only trn-train takes, checks staged code
-    and runs the command through the image's entrypoint."""
+    and runs the command through the image's entrypoint on the ``target``'s group."""
     if refused:
         raise TrnctlError(
             f"{', '.join(refused)} {'is' if len(refused) == 1 else 'are'} for trn-train run "
@@ -269,8 +326,8 @@ def _submit_command(
         tuple(command), codes.pod_path(code_name) if code_name is not None else None
     )
     outputs = common.outputs_of(env, region)
-    spec = common.spec_of(outputs)
-    count = _node_count(outputs, nodes)
+    spec = _spec_of(outputs, target)
+    count = _node_count(outputs, nodes, target)
     if code_name is not None:
         s3 = aws.client("s3", outputs.region)
         codes.require_staged(s3, outputs.datasets_bucket, code_name, env)
@@ -284,6 +341,7 @@ def _submit_command(
         command=args,
         image=image,
         labels=labels,
+        target=target,
     )
     what = f"command {shlex.join(command)}" + (f" in code/{code_name}" if code_name else "")
     _create(job, outputs, spec, what, env, dry_run)
@@ -351,7 +409,8 @@ def job_export(
 
 def _status_tables(job: dict[str, Any], pods: list[jobs.NodePod]) -> tuple[Table, Table]:
     name = job["metadata"]["name"]
-    conditions = Table(title=f"TrainJob {name}")
+    runtime = ((job.get("spec") or {}).get("runtimeRef") or {}).get("name", "-")
+    conditions = Table(title=f"TrainJob {name} (target {jobs.target_of(job)}, runtime {runtime})")
     for column in ("condition", "status", "reason", "since", "message"):
         conditions.add_column(column, overflow="fold")
     for c in jobs.conditions(job):
