@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # CPU only: CUDA has a fused rms_norm kernel.
         if x.dtype == self.weight.dtype == torch.float32 and _eager_on(x, ("cpu",)):
-            out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps)
+            out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps)  # type: ignore[no-untyped-call]
             return out
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
@@ -87,7 +87,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     # BF16 queries and keys are not promoted to FP32 while the values stay BF16.
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if _eager_on(x, ("cpu", "cuda")):
-        out: torch.Tensor = _RotateFunction.apply(x, cos, sin)
+        out: torch.Tensor = _RotateFunction.apply(x, cos, sin)  # type: ignore[no-untyped-call]
         return out
     a, b = x.chunk(2, dim=-1)
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
