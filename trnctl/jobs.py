@@ -282,6 +282,9 @@ def metrics_key(job_name: str) -> str:
 # in one pod, instead of the image's entrypoint, which would start torchrun for a training run.
 EXPORT_COMMAND = ("python3", "-m", "trainer", "export")
 SOURCE_JOB_LABEL = "trn-platform/source-job"
+MERGE_LORA_FLAG = "--merge-lora"
+# The flag of `trn-train run` that makes a run a LoRA fine-tune (see TrainingArgs.argv).
+LORA_RANK_FLAG = "--lora-rank"
 _EXPORT_SUFFIX = "-export-mmddhhmmss"
 
 
@@ -292,6 +295,13 @@ def export_name(job_name: str, now: datetime) -> str:
     return validate_name(f"{head}-export-{now:%m%d%H%M%S}")
 
 
+def is_lora(job: Mapping[str, Any]) -> bool:
+    """Whether the TrainJob ``job`` (as the API server returns it) runs a LoRA fine-tune: its
+    trainer's arguments, which :meth:`TrainingArgs.argv` wrote, pass :data:`LORA_RANK_FLAG`."""
+    args = job.get("spec", {}).get("trainer", {}).get("args") or []
+    return any(a == LORA_RANK_FLAG or str(a).startswith(f"{LORA_RANK_FLAG}=") for a in args)
+
+
 def export_dir(job_name: str, export: str) -> str:
     """Where the export ``export`` of ``job_name`` writes: beside the job's checkpoints (the
     trainer's checkpoints are its ``step_*`` directories, so this one is not taken for one)."""
@@ -299,16 +309,25 @@ def export_dir(job_name: str, export: str) -> str:
 
 
 def render_export(
-    *, job_name: str, export: str, outputs: EnvironmentOutputs, image: str | None = None
+    *,
+    job_name: str,
+    export: str,
+    outputs: EnvironmentOutputs,
+    image: str | None = None,
+    merge_lora: bool = False,
 ) -> dict[str, Any]:
     """The TrainJob that writes the newest valid checkpoint of ``job_name`` as a Hugging Face
     model directory at :func:`export_dir`: one node of the ``neuron-torch`` runtime, whose pod
     already mounts FSx and runs on the trn nodes that reach it, running ``trn-train export``.
+    Of a LoRA run that directory is a PEFT adapter, or with ``merge_lora`` (default False) the
+    full model with the adapters merged (``trn-train export --merge-lora``).
 
     Raises:
         TrnctlError: as :func:`render`.
     """
     args = ["--checkpoint-dir", checkpoint_dir(job_name), "--out", export_dir(job_name, export)]
+    if merge_lora:
+        args.append(MERGE_LORA_FLAG)
     return render(
         name=export,
         outputs=outputs,

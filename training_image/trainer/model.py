@@ -8,12 +8,41 @@ compiled graph and stays on the device.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig, RopeScaling
+
+
+def _eager_on(x: torch.Tensor, devices: tuple[str, ...]) -> bool:
+    """Whether the hand-written kernels below pay for ``x``: in eager mode on ``devices``. A
+    compiler fuses the plain ops itself, and lazy devices (XLA, Neuron) trace them."""
+    return x.device.type in devices and not torch.compiler.is_compiling()
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with a backward of its own. On CPU torch decomposes ``F.rms_norm`` into about
+    ten elementwise ops forward and backward; this one saves the input and the reciprocal RMS
+    and does the backward in five passes."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.mul(x, rstd).mul_(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x * rstd
+        grad_weight = (grad * normed).reshape(-1, x.shape[-1]).sum(0)
+        scaled = grad * weight
+        # d/dx of x * rstd: rstd * (g - x_hat * mean(g * x_hat)), with g the scaled gradient.
+        dot = (scaled * normed).mean(-1, keepdim=True)
+        return scaled.sub_(normed.mul_(dot)).mul_(rstd), grad_weight, None
 
 
 class RMSNorm(nn.Module):
@@ -23,6 +52,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # CPU only: CUDA has a fused rms_norm kernel.
+        if x.dtype == self.weight.dtype == torch.float32 and _eager_on(x, ("cpu",)):
+            out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps)  # type: ignore[no-untyped-call]
+            return out
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -53,8 +86,36 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     # The tables are FP32 buffers (FSDP2's mixed precision casts parameters only): cast, so that
     # BF16 queries and keys are not promoted to FP32 while the values stay BF16.
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if _eager_on(x, ("cpu", "cuda")):
+        out: torch.Tensor = _RotateFunction.apply(x, cos, sin)  # type: ignore[no-untyped-call]
+        return out
     a, b = x.chunk(2, dim=-1)
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+
+def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each pair (a, b) of the two halves of ``x`` turned by the angle of (cos, sin), written
+    straight into the halves of one new tensor: no temporaries and no concatenation."""
+    a, b = x.chunk(2, dim=-1)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    first, second = out.chunk(2, dim=-1)
+    torch.mul(a, cos, out=first).addcmul_(b, sin, value=-1)
+    torch.mul(a, sin, out=second).addcmul_(b, cos)
+    return out
+
+
+class _RotateFunction(torch.autograd.Function):
+    """RoPE saving no activations: a rotation's gradient is the rotation back (by -angle)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _turn(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _turn(grad, cos, -sin), None, None
 
 
 class Attention(nn.Module):

@@ -362,16 +362,27 @@ def job_export(
         str | None,
         typer.Option("--image", help="Training image URI; default: the training job's."),
     ] = None,
+    merge_lora: Annotated[
+        bool,
+        typer.Option(
+            "--merge-lora",
+            help="Of a LoRA job: the full model with the adapters merged (default: the PEFT "
+            "adapter). Refused for a job without LoRA.",
+        ),
+    ] = False,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
     """Write the newest valid checkpoint of a --model job as a Hugging Face model directory
-    beside its checkpoints (a one-node TrainJob running trn-train export); print where it is."""
+    beside its checkpoints (a one-node TrainJob running trn-train export); print where it is.
+    A LoRA job's export is its PEFT adapter, or with --merge-lora the merged full model."""
     jobs.validate_name(name)
     outputs = common.outputs_of(env, region)
     export = jobs.export_name(name, datetime.now(UTC))
     if dry_run:
-        job = jobs.render_export(job_name=name, export=export, outputs=outputs, image=image)
+        job = jobs.render_export(
+            job_name=name, export=export, outputs=outputs, image=image, merge_lora=merge_lora
+        )
         typer.echo(jobs.to_yaml(job), nl=False)
         return
     cluster = common.cluster_of(outputs)
@@ -382,8 +393,19 @@ def job_export(
             f"TrainJob {name!r} was not submitted with --model (it has no {jobs.MODEL_LABEL} "
             "label): only runs from a Hugging Face model have a Hugging Face directory to export"
         )
+    lora = jobs.is_lora(source)
+    if merge_lora and not lora:
+        raise TrnctlError(
+            f"--merge-lora: TrainJob {name!r} is not a LoRA fine-tune (its arguments have no "
+            f"{jobs.LORA_RANK_FLAG}); its export is the full model already, so leave out "
+            "--merge-lora"
+        )
     image = image or source.get("spec", {}).get("trainer", {}).get("image")
-    cluster.create(jobs.render_export(job_name=name, export=export, outputs=outputs, image=image))
+    cluster.create(
+        jobs.render_export(
+            job_name=name, export=export, outputs=outputs, image=image, merge_lora=merge_lora
+        )
+    )
     where = jobs.export_dir(name, export)
     bucket = f"s3://{outputs.checkpoints_bucket}/{name}/export/{export}/"
     if not wait:
@@ -400,8 +422,13 @@ def job_export(
             f"export job {export} ended {state}; see trnctl job logs {export} --env {env}",
             ExitCode.FAILED,
         )
+    what = (
+        "a PEFT adapter"
+        if lora and not merge_lora
+        else "a Hugging Face model" + (" (LoRA adapters merged)" if merge_lora else "")
+    )
     common.console().print(
-        f"exported the newest checkpoint of {name} as a Hugging Face model: {where} (in pods), "
+        f"exported the newest checkpoint of {name} as {what}: {where} (in pods), "
         f"{bucket} (FSx exports it to the checkpoints bucket)",
         soft_wrap=True,
     )

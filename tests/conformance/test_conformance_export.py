@@ -1,0 +1,59 @@
+"""The export TrainJobs `trnctl job export [--merge-lora]` creates conform strictly to
+Kubernetes and the pinned Trainer release (see kube_objects), and the merged one differs from
+the adapter one only in the flag it passes to `trn-train export`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kube_objects import problems
+
+from trn_catalog.outputs import EnvironmentOutputs
+from trnctl import jobs
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+OUTPUTS = EnvironmentOutputs(
+    environment="trn-dev",
+    region="us-east-2",
+    cluster_name="trn-dev",
+    trn_nodegroup="trn-dev-trn-0a1b2c3d",
+    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
+    fsx_file_system_id="fs-0123456789abcdef0",
+    fsx_mount_name="abcdefgh",
+    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
+    datasets_bucket="trn-dev-datasets",
+    checkpoints_bucket="trn-dev-checkpoints",
+    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
+    image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
+    namespace="training",
+    service_account="trainer",
+    instance_type="trn2.48xlarge",
+    trn_nodes=2,
+)
+
+
+def _export(merge_lora: bool) -> dict[str, Any]:
+    name = jobs.generated_name("train", "llama-3.2-1b", NOW)
+    return jobs.render_export(
+        job_name=name,
+        export=jobs.export_name(name, NOW),
+        outputs=OUTPUTS,
+        merge_lora=merge_lora,
+    )
+
+
+@pytest.mark.parametrize("merge_lora", [False, True])
+def test_the_export_trainjob_conforms(merge_lora: bool) -> None:
+    assert problems(_export(merge_lora)) == []
+
+
+def test_the_merged_export_only_adds_the_flag() -> None:
+    adapter, merged = _export(False), _export(True)
+    adapter_args = adapter["spec"]["trainer"]["args"]
+    merged_args = merged["spec"]["trainer"]["args"]
+
+    assert merged_args == [*adapter_args, "--merge-lora"]
+    merged["spec"]["trainer"]["args"] = adapter_args
+    assert merged == adapter
