@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import two_ranks as two_ranks_launch
 
 from trainer import data
 
@@ -68,3 +69,12 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def two_ranks(
+    corpus_dir: Path, trainer_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> two_ranks_launch.TwoRanks:
+    """Every two-rank scenario in one torchrun launch; its tests carry
+    ``pytest.mark.xdist_group(two_ranks_launch.GROUP)`` so that one worker runs it once."""
+    return two_ranks_launch.launch(tmp_path_factory.mktemp("two-ranks"), corpus_dir, trainer_env)

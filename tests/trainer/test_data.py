@@ -1,13 +1,11 @@
 import hashlib
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import two_ranks as two_ranks_launch
+from two_ranks import TwoRanks
 
 from trainer import data, parallel
 from trainer.loop import open_dataset_per_node
@@ -15,15 +13,7 @@ from trainer.loop import open_dataset_per_node
 
 @pytest.fixture()
 def numbered(tmp_path: Path) -> Path:
-    """Two shards of consecutive integers, so a window's content shows where it came from."""
-    data.write_dataset(
-        tmp_path,
-        [np.arange(3000, dtype=np.int64)],
-        vocab_size=70_000,
-        tokenizer="test",
-        shard_tokens=2000,
-    )
-    return tmp_path
+    return two_ranks_launch.write_numbered(tmp_path)
 
 
 def test_manifest_and_uint32_for_large_vocabularies(numbered: Path) -> None:
@@ -130,50 +120,14 @@ def test_training_checks_headers_and_sizes_and_hashes_only_on_request(
         open_dataset_per_node(str(numbered), one, None, verify=False)
 
 
-OPEN_PER_RANK = """
-import json, sys
-from pathlib import Path
-from trainer import data, loop, parallel
-
-ranks = parallel.ranks_from_env()
-parallel.init(ranks, "gloo")
-control = parallel.control_group(ranks)
-root = sys.argv[2 + ranks.rank]  # as if each rank's node mounted its own copy
-try:
-    result = {"tokens": loop.open_dataset_per_node(root, ranks, control, verify=False).num_tokens}
-except data.ShardError as error:
-    result = {"error": str(error)}
-(Path(sys.argv[1]) / f"rank-{ranks.rank}.json").write_text(json.dumps(result))
-parallel.shutdown()
-"""
-
-
-def test_a_short_shard_on_one_rank_stops_every_rank(
-    numbered: Path, tmp_path: Path, trainer_env: dict[str, str]
-) -> None:
+@pytest.mark.xdist_group(two_ranks_launch.GROUP)
+def test_a_short_shard_on_one_rank_stops_every_rank(two_ranks: TwoRanks) -> None:
     """Without a full re-hash each rank checks headers and sizes itself, and the ranks still
     agree: a shard that is short where one rank reads it stops the other at once too, instead
-    of leaving it in a collective until the timeout."""
-    short = tmp_path / "short"
-    shutil.copytree(numbered, short)
-    shard = short / "shard_00001.bin"
-    shard.write_bytes(shard.read_bytes()[:-2])
-    script = tmp_path / "open.py"
-    script.write_text(OPEN_PER_RANK)
-
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    done = subprocess.run(
-        [*torchrun, str(script), str(tmp_path), str(numbered), str(short)],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
-
-    assert done.returncode == 0, done.stdout + done.stderr
-    first, second = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    of leaving it in a collective until the timeout. Rank 0 opens the whole dataset, rank 1 a
+    copy with a short shard (tests/trainer/two_ranks.py, job "short")."""
+    numbered = two_ranks.numbered
+    first, second = two_ranks.results("short")
     assert first == {
         "error": f"shard {numbered}: failed its checks on another rank (see that rank's log)"
     }

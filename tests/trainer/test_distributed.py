@@ -1,22 +1,21 @@
-"""Two ranks under torchrun (gloo) against one rank accumulating over the same global batch."""
+"""Two ranks under torchrun (gloo) against one rank accumulating over the same global batch: the
+runs are jobs of the suite's one two-rank launch (tests/trainer/two_ranks.py)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import two_ranks as two_ranks_launch
+from two_ranks import TwoRanks
 
 from trainer import data, metrics
 from trainer.config import TrainConfig
 from trainer.loop import train
 
-STEPS = 6
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+STEPS = two_ranks_launch.STEPS
 
 
 @pytest.fixture(scope="module")
@@ -50,77 +49,17 @@ def _assert_same_steps(two: list[dict[str, Any]], one: dict[int, dict[str, Any]]
         assert record["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), record
 
 
+@pytest.mark.xdist_group(two_ranks_launch.GROUP)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_match_one_rank(
-    parallel: str,
-    corpus_dir: Path,
-    tmp_path: Path,
-    trainer_env: dict[str, str],
-    one_rank: dict[int, dict[str, Any]],
+    parallel: str, two_ranks: TwoRanks, one_rank: dict[int, dict[str, Any]]
 ) -> None:
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-    ]
-    args = [
-        "-m",
-        "trainer",
-        "run",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--compile",
-        "none",
-        "--data",
-        str(corpus_dir),
-        "--max-steps",
-        str(STEPS),
-        "--micro-batch",
-        "4",
-        "--log-every",
-        "1",
-        "--parallel",
-        parallel,
-        "--metrics",
-        str(tmp_path / "m.jsonl"),
-        "--checkpoint-dir",
-        str(tmp_path / "ck"),
-    ]
-    done = subprocess.run(
-        [*torchrun, *args],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    _assert_same_steps(metrics.read(tmp_path / "m.jsonl"), one_rank)
+    """`trn-train run --parallel PARALLEL` on two ranks (tests/trainer/two_ranks.py)."""
+    assert [r["exit"] for r in two_ranks.results(parallel)] == [0, 0]
+    out = two_ranks.root / parallel
+    _assert_same_steps(metrics.read(out / "m.jsonl"), one_rank)
     # The sharded (FSDP) or replicated (DDP) state is gathered into one full checkpoint.
-    assert (tmp_path / "ck" / f"step_{STEPS:08d}" / "meta.json").is_file()
-
-
-TRAIN_AND_COUNT = """
-import json, sys
-from pathlib import Path
-from torch._dynamo.utils import counters
-from trainer import parallel
-from trainer.config import TrainConfig
-from trainer.loop import train
-
-result = train(TrainConfig(**json.loads(sys.argv[1])))
-Path(sys.argv[2], f"rank-{parallel.ranks_from_env().rank}.json").write_text(json.dumps({
-    "steps": result.steps_done,
-    "graph_breaks": sum(counters["graph_break"].values()),
-    "graphs": counters["stats"]["unique_graphs"],
-}))
-"""
+    assert (out / "ck" / f"step_{STEPS:08d}" / "meta.json").is_file()
 
 
 def _tiny_flops_per_token() -> float:
@@ -132,55 +71,22 @@ def _tiny_flops_per_token() -> float:
     return 6.0 * n + 12.0 * layers * d * seq
 
 
+@pytest.mark.xdist_group(two_ranks_launch.GROUP)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_compiled_on_two_ranks(
-    parallel: str,
-    corpus_dir: Path,
-    tmp_path: Path,
-    trainer_env: dict[str, str],
-    one_rank: dict[int, dict[str, Any]],
+    parallel: str, two_ranks: TwoRanks, one_rank: dict[int, dict[str, Any]]
 ) -> None:
     """The compiler on, as the presets default (1b: FSDP2, 125m: DDP): under FSDP2 each block
     compiled whole before it is sharded, under DDP the model inside it; no graph break, no
     recompile after the first step, the same losses and norms as one rank. MFU divides the run's
-    tokens/s among its ranks, each against its own peak."""
-    (tmp_path / "train.py").write_text(TRAIN_AND_COUNT)
-    cfg = {
-        "preset": "tiny",
-        "device": "cpu",
-        "compile": "aot_eager",
-        "fail_on_recompile": True,
-        "data": str(corpus_dir),
-        "max_steps": STEPS,
-        "micro_batch": 4,
-        "log_every": 1,
-        "parallel": parallel,
-        "metrics": str(tmp_path / "m.jsonl"),
-        "peak_flops": 1e11,
-    }
-    done = subprocess.run(
-        [
-            *TORCHRUN,
-            str(tmp_path / "train.py"),
-            json.dumps(cfg),
-            str(tmp_path),
-        ],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        cwd=tmp_path,
-    )
-
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    for rank in (0, 1):
-        counts = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+    tokens/s among its ranks, each against its own peak. Each rank counts from a fresh compiler
+    state (tests/trainer/two_rank_worker.py)."""
+    for counts in two_ranks.results(f"compiled-{parallel}"):
         assert counts["steps"] == STEPS
         assert counts["graph_breaks"] == 0
         # FSDP2: one graph for a block, shared by both blocks; DDP: one for the model.
         assert counts["graphs"] == 1
-    records = metrics.read(tmp_path / "m.jsonl")
+    records = metrics.read(two_ranks.root / f"compiled-{parallel}" / "m.jsonl")
     _assert_same_steps(records, one_rank)
     for record in records:
         per_rank = record["tokens_per_s"] / 2
@@ -188,75 +94,14 @@ def test_compiled_on_two_ranks(
         assert record["precision"] == "fp32"
 
 
-OPEN_PER_NODE = """
-import json, sys
-from pathlib import Path
-from trainer import data, loop, parallel
-
-hashed = []
-real = data._sha256
-data._sha256 = lambda path: hashed.append(path.name) or real(path)
-ranks = parallel.ranks_from_env()
-parallel.init(ranks, "gloo")
-control = parallel.control_group(ranks)
-out = Path(sys.argv[1]) / f"rank-{ranks.rank}.jsonl"
-for root in sys.argv[2:]:
-    hashed.clear()
-    try:
-        dataset = loop.open_dataset_per_node(root, ranks, control, verify=True)
-        result = {"tokens": dataset.num_tokens}
-    except data.ShardError as error:
-        result = {"error": str(error)}
-    result.update(root=root, local_rank=ranks.local_rank, hashed=len(hashed))
-    with out.open("a") as f:
-        f.write(json.dumps(result) + "\\n")
-parallel.shutdown()
-"""
-
-
-def test_the_data_is_verified_once_per_node(
-    corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
-) -> None:
+@pytest.mark.xdist_group(two_ranks_launch.GROUP)
+def test_the_data_is_verified_once_per_node(two_ranks: TwoRanks) -> None:
     """Two ranks of one node: local rank 0 checks every shard's SHA-256, the other rank none;
     a corrupt shard stops both, local rank 0 naming it."""
-    corrupt = tmp_path / "corrupt"
-    shutil.copytree(corpus_dir, corrupt)
-    shard = corrupt / "shard_00000.bin"
-    raw = bytearray(shard.read_bytes())
-    raw[100] ^= 0xFF
-    shard.write_bytes(bytes(raw))
-    (tmp_path / "open.py").write_text(OPEN_PER_NODE)
-    shards = len(json.loads((corpus_dir / data.MANIFEST).read_text())["shards"])
-
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(tmp_path / "open.py"),
-            str(tmp_path),
-            str(corpus_dir),
-            str(corrupt),
-        ],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
-
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [
-        json.loads(line)
-        for rank in (0, 1)
-        for line in (tmp_path / f"rank-{rank}.jsonl").read_text().splitlines()
-    ]
+    shards = len(json.loads((two_ranks.corpus / data.MANIFEST).read_text())["shards"])
+    lines = [line for rank in two_ranks.results("verify") for line in rank["opened"]]
     by = {(line["root"], line["local_rank"]): line for line in lines}
-    good, bad = str(corpus_dir), str(corrupt)
+    good, bad = str(two_ranks.corpus), str(two_ranks.corrupt)
     assert by[good, 0]["hashed"] == shards and by[good, 1]["hashed"] == 0
     assert by[good, 0]["tokens"] == by[good, 1]["tokens"] > 0
     assert "shard_00000.bin: checksum mismatch" in by[bad, 0]["error"]

@@ -3,45 +3,26 @@ its own metrics records, exact across a resume, plotted by the report."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tiny_tokenizer
 import torch
+import two_ranks as two_ranks_launch
+from two_ranks import TwoRanks
 
 from trainer import cli, data, metrics, report, tokenizing
 from trainer.config import PRESETS, TrainConfig
 from trainer.loop import train
 from trainer.model import GPT
 
-TOPICS = ["the cat sat on a mat", "a dog ran far away and back", "good morning sun", "what is two"]
-
 
 @pytest.fixture(scope="module")
 def chat_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Conversations with masked prompts and a held-out tail of 20%."""
-    root = tmp_path_factory.mktemp("chat")
-    lines = []
-    for i in range(120):
-        messages = [
-            {"role": "user", "content": TOPICS[i % 4]},
-            {"role": "assistant", "content": TOPICS[(i * 3 + 1) % 4]},
-        ]
-        lines.append(json.dumps({"messages": messages}) + "\n")
-    (root / "chat.jsonl").write_text("".join(lines))
-    tokenizing.prepare(
-        root / "data",
-        tiny_tokenizer.build(root / "tok"),
-        root / "chat.jsonl",
-        "chat",
-        eval_fraction=0.2,
-    )
-    return root / "data"
+    return two_ranks_launch.write_chat(tmp_path_factory.mktemp("chat"))
 
 
 def _config(data_dir: Path, tmp_path: Path, **overrides: object) -> TrainConfig:
@@ -202,13 +183,13 @@ def test_eval_on_the_compiled_path_adds_no_graph(chat_data: Path, tmp_path: Path
     assert got == pytest.approx(expected, rel=1e-5) and len(got) == 2
 
 
-def test_two_fsdp_ranks_report_the_one_rank_eval_loss(
-    chat_data: Path, tmp_path: Path, trainer_env: dict[str, str]
-) -> None:
+@pytest.mark.xdist_group(two_ranks_launch.GROUP)
+def test_two_fsdp_ranks_report_the_one_rank_eval_loss(two_ranks: TwoRanks, tmp_path: Path) -> None:
     """Each rank trains on and evaluates its rows and the sums over trained targets are
-    combined: two ranks of 2 rows give the training and eval losses of one rank of 4 rows."""
+    combined: two ranks of 2 rows give the training and eval losses of one rank of 4 rows. The
+    two ranks are the job "eval-fsdp" of tests/trainer/two_ranks.py, on the same data."""
     one = _config(
-        chat_data,
+        two_ranks.chat,
         tmp_path,
         micro_batch=4,
         checkpoint_dir="",
@@ -216,28 +197,15 @@ def test_two_fsdp_ranks_report_the_one_rank_eval_loss(
         metrics=str(tmp_path / "one.jsonl"),
     )
     train(one)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    args = ["2", "-m", "trainer", "run", "--preset", "tiny", "--device", "cpu", "--compile"]
-    args += ["none", "--data", str(chat_data), "--max-steps", "4", "--micro-batch", "2"]
-    args += ["--seed", "7", "--eval-every", "2", "--eval-batches", "3", "--parallel", "fsdp"]
-    args += ["--log-every", "1", "--metrics", str(tmp_path / "two.jsonl")]
-    done = subprocess.run(
-        [*torchrun, *args],
-        env=trainer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["exit"] for r in two_ranks.results("eval-fsdp")] == [0, 0]
+    two = two_ranks.root / "eval-fsdp" / "two.jsonl"
     # The step's loss is the mean over its trained targets however the rows are split.
-    two_ranks, one_rank = metrics.read(tmp_path / "two.jsonl"), metrics.read(tmp_path / "one.jsonl")
-    assert [r["step"] for r in two_ranks] == [r["step"] for r in one_rank] == [1, 2, 3, 4]
-    for mine, reference in zip(two_ranks, one_rank, strict=True):
+    two_rank, one_rank = metrics.read(two), metrics.read(tmp_path / "one.jsonl")
+    assert [r["step"] for r in two_rank] == [r["step"] for r in one_rank] == [1, 2, 3, 4]
+    for mine, reference in zip(two_rank, one_rank, strict=True):
         assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-5), mine["step"]
     expected = metrics.read(tmp_path / "one.jsonl", metrics.EVAL)
-    got = metrics.read(tmp_path / "two.jsonl", metrics.EVAL)
+    got = metrics.read(two, metrics.EVAL)
     assert [r["step"] for r in got] == [2, 4]
     for mine, reference in zip(got, expected, strict=True):
         assert mine["eval_tokens"] == reference["eval_tokens"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import device, metrics, optim, parallel, report
+from trainer import cli, device, metrics, optim, parallel, report
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -100,26 +100,13 @@ def _final_state(checkpoint_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(
-    corpus_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    run_trainer: Callable[..., subprocess.CompletedProcess[str]],
-) -> Path:
+def uninterrupted(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference run, in this process: the killed and resumed runs are `trn-train`
+    processes, and training is deterministic wherever it runs (one thread each)."""
     out = tmp_path_factory.mktemp("reference")
-    done = run_trainer(
-        *RUN,
-        "--data",
-        str(corpus_dir),
-        "--max-steps",
-        "40",
-        "--checkpoint-every",
-        "5",
-        "--checkpoint-dir",
-        str(out / "ck"),
-        "--metrics",
-        str(out / "m.jsonl"),
-    )
-    assert done.returncode == 0, done.stderr
+    argv = [*RUN, "--data", str(corpus_dir), "--max-steps", "40", "--checkpoint-every", "5"]
+    argv += ["--checkpoint-dir", str(out / "ck"), "--metrics", str(out / "m.jsonl")]
+    assert cli.main(argv) == 0
     return out
 
 

@@ -1,0 +1,169 @@
+"""The suite's one two-rank torchrun launch (tests/trainer/two_rank_worker.py): the data each
+scenario reads, the jobs, and each job's per-rank results for the tests that assert on them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tiny_tokenizer
+
+from trainer import data, tokenizing
+
+WORKER = Path(__file__).with_name("two_rank_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+# The pytest marker that keeps every test of the launch on one xdist worker (--dist loadgroup),
+# so that the session fixture runs once.
+GROUP = "two_ranks"
+STEPS = 6  # tests/trainer/test_distributed.py's runs
+TOPICS = ["the cat sat on a mat", "a dog ran far away and back", "good morning sun", "what is two"]
+
+
+def write_numbered(root: Path) -> Path:
+    """Two shards of consecutive integers, so a window's content shows where it came from."""
+    data.write_dataset(
+        root,
+        [np.arange(3000, dtype=np.int64)],
+        vocab_size=70_000,
+        tokenizer="test",
+        shard_tokens=2000,
+    )
+    return root
+
+
+def write_chat(root: Path) -> Path:
+    """Conversations with masked prompts and a held-out tail of 20%."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(120):
+        messages = [
+            {"role": "user", "content": TOPICS[i % 4]},
+            {"role": "assistant", "content": TOPICS[(i * 3 + 1) % 4]},
+        ]
+        lines.append(json.dumps({"messages": messages}) + "\n")
+    (root / "chat.jsonl").write_text("".join(lines))
+    tokenizing.prepare(
+        root / "data",
+        tiny_tokenizer.build(root / "tok"),
+        root / "chat.jsonl",
+        "chat",
+        eval_fraction=0.2,
+    )
+    return root / "data"
+
+
+@dataclass(frozen=True)
+class TwoRanks:
+    """The launch's inputs and outputs: ``root/JOB`` holds each job's files."""
+
+    root: Path
+    corpus: Path
+    corrupt: Path
+    numbered: Path
+    short: Path
+    chat: Path
+    done: subprocess.CompletedProcess[str]
+
+    def results(self, job: str) -> list[dict[str, Any]]:
+        """Rank 0's and rank 1's results of ``job``; an AssertionError naming why if either
+        rank failed it or never got to it."""
+        ranks = []
+        for rank in (0, 1):
+            path = self.root / job / f"rank-{rank}.json"
+            launch = f"torchrun exited {self.done.returncode}:\n{self.done.stderr[-6000:]}"
+            assert path.is_file(), f"rank {rank} never finished job {job}; {launch}"
+            result: dict[str, Any] = json.loads(path.read_text())
+            assert "failed" not in result, f"rank {rank} failed job {job}:\n{result['failed']}"
+            ranks.append(result)
+        return ranks
+
+
+def _tiny_run(corpus: Path, out: Path, parallel: str) -> list[str]:
+    """tests/trainer/test_distributed.py's `trn-train run` on two ranks."""
+    return [
+        *["run", "--preset", "tiny", "--device", "cpu", "--compile", "none"],
+        *["--data", str(corpus), "--max-steps", str(STEPS), "--micro-batch", "4"],
+        *["--log-every", "1", "--parallel", parallel, "--metrics", str(out / "m.jsonl")],
+        *["--checkpoint-dir", str(out / "ck")],
+    ]
+
+
+def _compiled(corpus: Path, out: Path, parallel: str) -> dict[str, Any]:
+    return {
+        "preset": "tiny",
+        "device": "cpu",
+        "compile": "aot_eager",
+        "fail_on_recompile": True,
+        "data": str(corpus),
+        "max_steps": STEPS,
+        "micro_batch": 4,
+        "log_every": 1,
+        "parallel": parallel,
+        "metrics": str(out / "m.jsonl"),
+        "peak_flops": 1e11,
+    }
+
+
+def _eval_run(chat: Path, out: Path) -> list[str]:
+    """tests/trainer/test_eval.py's two FSDP ranks of 2 rows."""
+    return [
+        *["run", "--preset", "tiny", "--device", "cpu", "--compile", "none"],
+        *["--data", str(chat), "--max-steps", "4", "--micro-batch", "2", "--seed", "7"],
+        *["--eval-every", "2", "--eval-batches", "3", "--parallel", "fsdp"],
+        *["--log-every", "1", "--metrics", str(out / "two.jsonl")],
+    ]
+
+
+def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
+    root = two.root
+    return {
+        "ddp": {"kind": "cli", "argv": _tiny_run(two.corpus, root / "ddp", "ddp")},
+        "fsdp": {"kind": "cli", "argv": _tiny_run(two.corpus, root / "fsdp", "fsdp")},
+        "verify": {"kind": "open_per_node", "roots": [str(two.corpus), str(two.corrupt)]},
+        "short": {"kind": "open_per_rank", "roots": [str(two.numbered), str(two.short)]},
+        "eval-fsdp": {"kind": "cli", "argv": _eval_run(two.chat, root / "eval-fsdp")},
+        "compiled-ddp": {
+            "kind": "train_and_count",
+            "config": _compiled(two.corpus, root / "compiled-ddp", "ddp"),
+        },
+        "compiled-fsdp": {
+            "kind": "train_and_count",
+            "config": _compiled(two.corpus, root / "compiled-fsdp", "fsdp"),
+        },
+    }
+
+
+def launch(root: Path, corpus: Path, env: dict[str, str]) -> TwoRanks:
+    """Writes each scenario's data under ``root`` and runs every job in one torchrun launch."""
+    corrupt = root / "corrupt"
+    shutil.copytree(corpus, corrupt)
+    shard = corrupt / "shard_00000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    numbered = write_numbered(root / "numbered")
+    short = root / "short"
+    shutil.copytree(numbered, short)
+    truncated = short / "shard_00001.bin"
+    truncated.write_bytes(truncated.read_bytes()[:-2])
+    chat = write_chat(root / "chat")
+    pending = subprocess.CompletedProcess[str]([], -1, "", "")
+    two = TwoRanks(root, corpus, corrupt, numbered, short, chat, pending)
+    listed = {name: {**job, "out": str(root / name)} for name, job in jobs(two).items()}
+    (root / "jobs.json").write_text(json.dumps(listed))
+    done = subprocess.run(
+        [*TORCHRUN, str(WORKER), str(root / "jobs.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=root,
+    )
+    return TwoRanks(root, corpus, corrupt, numbered, short, chat, done)
