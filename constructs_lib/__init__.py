@@ -12,6 +12,7 @@ from constructs_lib.network import (
     TrainingNetwork,
     TrainingNetworkProps,
 )
+from constructs_lib.plugins import NeuronPlugins, NeuronPluginsProps
 from constructs_lib.preview import PreviewLifecycle, PreviewLifecycleProps
 from constructs_lib.training_image import TrainingImage, TrainingImageProps
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
@@ -27,6 +28,8 @@ __all__ = [
     "InstanceSpec",
     "NeuronCluster",
     "NeuronClusterProps",
+    "NeuronPlugins",
+    "NeuronPluginsProps",
     "PreviewLifecycle",
     "PreviewLifecycleProps",
     "TrainingDataPaths",

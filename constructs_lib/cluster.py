@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -15,7 +15,6 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-import trn_catalog
 from constructs_lib._common import (
     acknowledge,
     acknowledge_managed_policies,
@@ -23,27 +22,27 @@ from constructs_lib._common import (
     launch_template,
     worker_node_role,
 )
-from constructs_lib.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupProps
-from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, TrainiumNodeGroupProps
+from constructs_lib._eks import (
+    GPU_TOLERATION as GPU_TOLERATION,
+)
+from constructs_lib._eks import (
+    MOUNTPOINT_ADDON,
+    SYSTEM_LABEL,
+    add_pod_identity,
+    install_addon,
+)
+from constructs_lib._eks import (
+    NEURON_TOLERATION as NEURON_TOLERATION,
+)
+from constructs_lib._props import props_from
+from constructs_lib.gpu_nodegroup import GpuNodeGroup
+from constructs_lib.plugins import KUBE_SCHEDULER_IMAGE, NeuronPlugins
+from constructs_lib.plugins import neuron_values as neuron_values
+from constructs_lib.plugins import nvidia_device_plugin_values as nvidia_device_plugin_values
+from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
 from trn_catalog import versions
-from trn_catalog.workspace import GPU_NODE_TYPE, GPU_TAINT_KEY, NEURON_TAINT_KEY, NODE_TYPE_LABEL
 
-NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-# No key and no effect: tolerates every taint. The node problem detector must keep running on
-# the degraded nodes it reports, whatever taints them.
-TOLERATE_ALL = {"operator": "Exists"}
-# The image of the Neuron chart's second scheduler (`my-scheduler`), a kube-scheduler of EKS
-# Distro; its tag must be of the control plane's Kubernetes minor version.
-KUBE_SCHEDULER_IMAGE = "public.ecr.aws/eks-distro/kubernetes/kube-scheduler"
-NPD_NAMESPACE = "neuron-healthcheck-system"
-NPD_SERVICE_ACCOUNT = "node-problem-detector"
-SYSTEM_LABEL = {"trn-platform/node-type": "system"}
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
-# Installed by TrainingWorkspace, after its driver's Pod Identity association: pods read their
-# Pod Identity credentials only when they start, and the driver's role names the datasets
-# bucket, which the cluster must not depend on.
-MOUNTPOINT_ADDON = "aws-mountpoint-s3-csi-driver"
 WORKSPACE_ADDONS = (MOUNTPOINT_ADDON,)
 # Add-ons that call AWS: their Pod Identity role (construct id) and AWS-managed policies.
 ADDON_ROLES = {
@@ -73,7 +72,8 @@ class NeuronClusterProps:
             m7i.xlarge.
         system_nodes: system node count, 2 to 10. Default 2.
         secrets_key: KMS key for envelope encryption of Secrets. Default: a new rotating key.
-        removal_policy: for the cluster's key. Default DESTROY.
+        removal_policy: for the cluster's Secrets key. Default RETAIN, as aws-cdk-lib keeps
+            keys.
         neuron_scheduler_tag: turns on the Neuron chart's scheduler extension and its second
             scheduler ``my-scheduler``, run from :data:`KUBE_SCHEDULER_IMAGE` at this tag, which
             must be of ``version``'s minor (e.g. ``v1.35.2-eks-1-35-7``; the chart's own is
@@ -91,7 +91,7 @@ class NeuronClusterProps:
     system_instance_type: str = "m7i.xlarge"
     system_nodes: int = 2
     secrets_key: kms.IKey | None = None
-    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     neuron_scheduler_tag: str | None = None
 
 
@@ -119,8 +119,16 @@ class NeuronCluster(Construct):
             outside 2..10, or a ``neuron_scheduler_tag`` of another Kubernetes minor version.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, props: NeuronClusterProps) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: NeuronClusterProps | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(NeuronClusterProps, props, kwargs)
         _validate(props)
         self.props = props
         subnets = props.subnets or ec2.SubnetSelection(
@@ -163,7 +171,8 @@ class NeuronCluster(Construct):
         self.system_nodegroup = self._system_nodegroup(subnets)
         self.addons = self._addons()
         self._addon_roles()
-        self.charts = self._charts()
+        self.plugins = self._plugins()
+        self.charts = self.plugins.charts
 
     @property
     def icluster(self) -> eks.ICluster:
@@ -203,9 +212,7 @@ class NeuronCluster(Construct):
         Node groups join after the networking add-ons and the Pod Identity agent; the Neuron
         and EFA daemon sets tolerate the Neuron taint and start on the nodes as they join.
         """
-        group = TrainiumNodeGroup(
-            self, construct_id, props=TrainiumNodeGroupProps(cluster=self.icluster, **props)
-        )
+        group = TrainiumNodeGroup(self, construct_id, cluster=self.icluster, **props)
         for name in NODE_BOOTSTRAP_ADDONS:
             group.nodegroup.node.add_dependency(self.addons[name])
         return group
@@ -217,14 +224,10 @@ class NeuronCluster(Construct):
 
         The EFA device plugin already admits every GPU catalog type and tolerates the GPU taint.
         """
-        group = GpuNodeGroup(
-            self, construct_id, props=GpuNodeGroupProps(cluster=self.icluster, **props)
-        )
+        group = GpuNodeGroup(self, construct_id, cluster=self.icluster, **props)
         for name in NODE_BOOTSTRAP_ADDONS:
             group.nodegroup.node.add_dependency(self.addons[name])
-        pin = versions.NVIDIA_DEVICE_PLUGIN_CHART
-        if pin.release not in self.charts:
-            self.charts[pin.release] = self._chart(pin, nvidia_device_plugin_values())
+        self._after_system_nodes(self.plugins.add_nvidia_device_plugin())
         return group
 
     def pod_identity_role(
@@ -306,208 +309,27 @@ class NeuronCluster(Construct):
             # The association first: the add-on's pods would otherwise start without credentials.
             self.addons[addon].node.add_dependency(role.node.find_child("PodIdentity"))
 
-    def _charts(self) -> dict[str, eks.HelmChart]:
-        npd_role = self.pod_identity_role(
-            "NodeProblemDetector",
-            NPD_NAMESPACE,
-            NPD_SERVICE_ACCOUNT,
-            statements=_node_recovery_statements(self.cluster.cluster_name),
+    def _plugins(self) -> NeuronPlugins:
+        # Constructed as "Default", which CDK leaves out of logical ids: the node problem
+        # detector's role and association keep the ids they had before the plugins became a
+        # construct of their own (a new id would replace the association, and EKS refuses a
+        # second association for the same service account while the first exists).
+        plugins = NeuronPlugins(
+            self,
+            "Default",
+            cluster=self.icluster,
+            neuron_scheduler_tag=self.props.neuron_scheduler_tag,
+            system_node_labels=SYSTEM_LABEL,
         )
-        npd_identity = npd_role.node.find_child("PodIdentity")
-        acknowledge_wildcards(
-            npd_role,
-            "Neuron node recovery: Describe calls take no resource ARNs; SetInstanceHealth is "
-            "conditioned on this cluster's tag and PutMetricData on its namespace.",
-        )
-        charts = {
-            versions.NEURON_CHART.release: self._chart(
-                versions.NEURON_CHART, neuron_values(self.props.neuron_scheduler_tag)
-            ),
-            versions.EFA_CHART.release: self._chart(versions.EFA_CHART, _efa_values()),
-            versions.TRAINER_CHART.release: self._chart(versions.TRAINER_CHART, _trainer_values()),
-        }
-        # The Neuron chart puts the node problem detector in its own namespace but, since its
-        # 1.x layout, no longer creates it; the atomic install would fail and roll back.
-        npd_namespace = self.cluster.add_manifest(
-            "NpdNamespace",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NPD_NAMESPACE}},
-        )
-        npd_namespace.node.add_dependency(self.system_nodegroup)
-        # The node problem detector's pods read their Pod Identity credentials when they start.
-        charts[versions.NEURON_CHART.release].node.add_dependency(npd_namespace, npd_identity)
-        return charts
+        plugins.pod_identity.node.add_dependency(self.addons["eks-pod-identity-agent"])
+        plugins.npd_namespace.node.add_dependency(self.system_nodegroup)
+        for chart in plugins.charts.values():
+            self._after_system_nodes(chart)
+        return plugins
 
-    def _chart(self, pin: versions.ChartPin, values: dict[str, Any]) -> eks.HelmChart:
-        chart = self.cluster.add_helm_chart(
-            f"Chart-{pin.release}",
-            chart=pin.chart,
-            repository=pin.repository,
-            version=pin.version,
-            release=pin.release,
-            namespace=pin.namespace,
-            create_namespace=True,
-            values=values,
-            wait=True,
-            atomic=True,
-            # Under the kubectl handler's 15-minute Lambda limit, so that a chart that never
-            # gets ready is rolled back by Helm rather than left pending (aws-cdk#22257).
-            timeout=Duration.minutes(12),
-        )
+    def _after_system_nodes(self, chart: eks.HelmChart) -> None:
         chart.node.add_dependency(self.system_nodegroup)
         chart.node.add_dependency(self.addons["coredns"])
-        return chart
-
-
-def install_addon(scope: Construct, cluster: eks.ICluster, pin: versions.AddonPin) -> eks.Addon:
-    """The EKS add-on ``pin`` at its exact version and configuration, removed with the stack."""
-    return eks.Addon(
-        scope,
-        f"Addon-{pin.name}",
-        cluster=cluster,
-        addon_name=pin.name,
-        addon_version=pin.version,
-        configuration_values=dict(pin.configuration) if pin.configuration else None,
-        preserve_on_delete=False,
-    )
-
-
-def add_pod_identity(
-    scope: Construct,
-    construct_id: str,
-    cluster: eks.ICluster,
-    namespace: str,
-    service_account: str,
-    *,
-    managed_policies: Sequence[str] = (),
-    statements: Sequence[iam.PolicyStatement] = (),
-) -> iam.Role:
-    """A role for ``namespace/service_account`` and its EKS Pod Identity association.
-
-    The association is the role's child ``PodIdentity``.
-    """
-    role = iam.Role(
-        scope,
-        construct_id,
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
-        description=f"Pod Identity for {namespace}/{service_account}",
-        managed_policies=[
-            iam.ManagedPolicy.from_aws_managed_policy_name(name) for name in managed_policies
-        ],
-    )
-    acknowledge_managed_policies(
-        role,
-        f"{', '.join(managed_policies)}: the AWS-maintained policies the EKS add-on "
-        f"documentation names for {namespace}/{service_account}; AWS keeps them in step.",
-    )
-    for statement in statements:
-        role.add_to_policy(statement)
-    eks.CfnPodIdentityAssociation(
-        role,
-        "PodIdentity",
-        cluster_name=cluster.cluster_name,
-        namespace=namespace,
-        service_account=service_account,
-        role_arn=role.role_arn,
-    )
-    return role
-
-
-def neuron_values(scheduler_tag: str | None = None) -> dict[str, Any]:
-    """Values of the Neuron chart: the device plugin on the catalog's types, the node problem
-    detector with node recovery, and the scheduler extension only with ``scheduler_tag`` (the
-    kube-scheduler tag of ``my-scheduler``; off otherwise, where the chart would run its 1.31)."""
-    scheduler: dict[str, Any] = {"enabled": False}
-    if scheduler_tag is not None:
-        scheduler = {
-            "enabled": True,
-            "nodeSelector": SYSTEM_LABEL,
-            "customScheduler": {
-                "enabled": True,
-                "image": {"repository": KUBE_SCHEDULER_IMAGE, "tag": scheduler_tag},
-                "nodeSelector": SYSTEM_LABEL,
-            },
-        }
-    return {
-        "neuronInstances": sorted(trn_catalog.CATALOG),
-        "devicePlugin": {"enabled": True, "tolerations": [NEURON_TOLERATION]},
-        "scheduler": scheduler,
-        "npd": {
-            "enabled": True,
-            # Helm replaces lists: any list here is the detector's only tolerations.
-            "tolerations": [TOLERATE_ALL],
-            "nodeRecovery": {"enabled": True},
-        },
-        "draDriver": {"enabled": False},
-    }
-
-
-def _efa_values() -> dict[str, Any]:
-    # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge). Helm replaces
-    # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
-    # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
-    return {
-        "supportedInstanceLabels": {
-            "keys": ["node.kubernetes.io/instance-type"],
-            "values": sorted({*trn_catalog.CATALOG, *trn_catalog.GPU_CATALOG}),
-        },
-        "tolerations": [NEURON_TOLERATION, GPU_TOLERATION],
-    }
-
-
-def nvidia_device_plugin_values() -> dict[str, Any]:
-    """Values of the NVIDIA device plugin chart: the plugin on the GPU node group only.
-
-    The chart's default affinity asks for node-feature-discovery labels, and NFD is not
-    installed (it comes with gpu-feature-discovery, off); Helm replaces the term list, so this
-    affinity is the GPU group's node label alone. The tolerations are the GPU taint's (the
-    chart's default list also names the deprecated CriticalAddonsOnly)."""
-    gpu_nodes = {"key": NODE_TYPE_LABEL, "operator": "In", "values": [GPU_NODE_TYPE]}
-    return {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [gpu_nodes]}]
-                }
-            }
-        },
-        "nodeSelector": {NODE_TYPE_LABEL: GPU_NODE_TYPE},
-        "tolerations": [GPU_TOLERATION],
-    }
-
-
-def _trainer_values() -> dict[str, Any]:
-    # Jobs run on the workspace's own `neuron-torch` TrainingRuntime. The chart's built-in
-    # ClusterTrainingRuntimes (CUDA images) come with a post-install hook Job that pulls alpine
-    # from Docker Hub and installs kubectl at run time, a failure point of the atomic install
-    # for runtimes nothing here uses; LeaderWorkerSet serves only the data cache, which is off.
-    return {
-        "crds": {"enabled": True},
-        "runtimes": {"defaultEnabled": False, "torchDistributed": {"enabled": False}},
-        "dataCache": {"enabled": False, "lws": {"install": False}},
-        "manager": {"nodeSelector": SYSTEM_LABEL},
-    }
-
-
-def _node_recovery_statements(cluster_name: str) -> list[iam.PolicyStatement]:
-    # Describe calls cannot be scoped to resources; SetInstanceHealth is limited to this
-    # cluster's node groups by tag and PutMetricData to the NeuronHealthCheck namespace.
-    """Neuron node recovery: mark a broken trn node unhealthy so its group replaces it."""
-    return [
-        iam.PolicyStatement(
-            actions=["autoscaling:SetInstanceHealth"],
-            resources=["*"],
-            conditions={"StringEquals": {"autoscaling:ResourceTag/eks:cluster-name": cluster_name}},
-        ),
-        iam.PolicyStatement(
-            actions=["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"],
-            resources=["*"],
-        ),
-        iam.PolicyStatement(
-            actions=["cloudwatch:PutMetricData"],
-            resources=["*"],
-            conditions={"StringEquals": {"cloudwatch:namespace": "NeuronHealthCheck"}},
-        ),
-    ]
 
 
 def _endpoint_access(cidrs: Sequence[str]) -> eks.EndpointAccess:

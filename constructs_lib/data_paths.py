@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -14,6 +14,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from constructs_lib._common import acknowledge_wildcards, deny_other_egress
+from constructs_lib._props import props_from
 from trn_catalog import fsx as fsx_limits
 
 # Lustre client traffic: TCP 988 and 1018-1023 (FSx user guide, "File system access control").
@@ -29,16 +30,18 @@ class TrainingDataPathsProps:
     Attributes:
         vpc: the VPC the file system lives in (required).
         fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
-        lustre_clients: who may mount the file system (required): a security group the client
-            nodes carry, such as ``TrainingNetwork.lustre_clients`` (required with ``efa_fsx``:
-            EFA takes no CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``.
+        lustre_clients: who may mount the file system: a security group the client nodes carry,
+            such as ``TrainingNetwork.lustre_clients`` (a group with ``efa_fsx``: EFA takes no
+            CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``. Default none: open
+            the file system to node groups with :meth:`TrainingDataPaths.allow_mount_from`.
         fsx_storage_gib: 1,200 or a multiple of 2,400; with ``efa_fsx`` a multiple of 38,400,
             19,200, 9,600 or 4,800 at 125, 250, 500 or 1000 MB/s per TiB. Default 1200.
         fsx_throughput_per_tib: 125, 250, 500 or 1000 MB/s per TiB. Default 125.
         efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients; FSx serves no EFA
             to the trn2 family). Default False.
-        retain: RETAIN the buckets, key and file system on stack deletion (prod); otherwise
-            DESTROY them and empty the buckets first. Default False.
+        removal_policy: of the buckets, key and file system this construct creates; DESTROY
+            also empties the buckets on deletion. Default RETAIN, as aws-cdk-lib keeps stateful
+            resources (resources you bring are never touched).
         checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept.
             Default 14.
         compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
@@ -51,20 +54,35 @@ class TrainingDataPathsProps:
         datasets_bucket: bring your own datasets bucket (imported into ``/datasets`` and read by
             jobs; its encryption key must let FSx's S3-access role use it). Default: a new
             bucket.
+        datasets_key: the KMS key of your ``datasets_bucket`` when the bucket object does not
+            carry it: the job and Mountpoint roles get ``kms:Decrypt`` on it. A bucket imported
+            with ``s3.Bucket.from_bucket_attributes(..., encryption_key=key)`` (or made in your
+            app with its key) carries its key, and its grants include the key already. Default
+            none.
+        checkpoints_bucket: bring your own checkpoints bucket (exported from ``/checkpoints``,
+            read and written by jobs; its key, if any, as for ``datasets_bucket``; the checkpoint
+            lifecycle props do not apply to it). Default: a new versioned bucket.
+        access_logs_bucket: bring your own bucket for the S3 server access logs of the buckets
+            this construct creates (it must admit log delivery from ``logging.s3.amazonaws.com``
+            and use SSE-S3; an imported bucket's policy is yours to keep so). Default: a new
+            SSE-S3 bucket.
     """
 
     vpc: ec2.IVpc
     fsx_subnet: ec2.ISubnet
-    lustre_clients: ec2.IPeer
+    lustre_clients: ec2.IPeer | None = None
     fsx_storage_gib: int = fsx_limits.FSX_MIN_GIB
     fsx_throughput_per_tib: int = 125
     efa_fsx: bool = False
-    retain: bool = False
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     checkpoint_noncurrent_days: int = 14
     compile_cache_expiry_days: int = 90
     access_log_expiry_days: int = 365
     encryption_key: kms.IKey | None = None
     datasets_bucket: s3.IBucket | None = None
+    datasets_key: kms.IKey | None = None
+    checkpoints_bucket: s3.IBucket | None = None
+    access_logs_bucket: s3.IBucket | None = None
 
 
 class TrainingDataPaths(Construct):
@@ -94,15 +112,21 @@ class TrainingDataPaths(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, props: TrainingDataPathsProps
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: TrainingDataPathsProps | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(TrainingDataPathsProps, props, kwargs)
         # Grant log delivery through the bucket policy, not ACLs, whatever the app's flags say:
         # ACL delivery needs ObjectWriter ownership, which would re-enable ACLs on the buckets.
         self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
         _validate(props)
         self.props = props
-        removal = RemovalPolicy.RETAIN if props.retain else RemovalPolicy.DESTROY
+        removal = props.removal_policy
         self.key = props.encryption_key or kms.Key(
             self,
             "DataKey",
@@ -110,7 +134,7 @@ class TrainingDataPaths(Construct):
             enable_key_rotation=True,
             removal_policy=removal,
         )
-        self.access_logs = self._access_log_bucket(removal)
+        self.access_logs = props.access_logs_bucket or self._access_log_bucket(removal)
         self.datasets: s3.IBucket = props.datasets_bucket or self._bucket(
             "Datasets",
             removal,
@@ -122,7 +146,7 @@ class TrainingDataPaths(Construct):
                 ),
             ],
         )
-        self.checkpoints = self._bucket(
+        self.checkpoints: s3.IBucket = props.checkpoints_bucket or self._bucket(
             "Checkpoints",
             removal,
             versioned=True,
@@ -157,6 +181,11 @@ class TrainingDataPaths(Construct):
         )
         self._allow_fsx_data_repository_role()
         self.lustre_security_group = self._lustre_security_group()
+        self.connections = ec2.Connections(
+            security_groups=[self.lustre_security_group], default_port=LUSTRE_PORTS[0]
+        )
+        if props.lustre_clients is not None:
+            self.allow_mount_from(props.lustre_clients)
         self.file_system = self._file_system(removal)
         self.dataset_association = self._association(
             "DatasetsAssociation", DATASETS_PATH, self.datasets, imports=True
@@ -195,6 +224,9 @@ class TrainingDataPaths(Construct):
         self.checkpoints.grant_read_write(job)
         self.compile_cache.grant_read_write(job)
         self.datasets.grant_read(mountpoint)
+        if self.props.datasets_key is not None:
+            for role in roles:
+                self.props.datasets_key.grant_decrypt(role)
         for role in roles:
             acknowledge_wildcards(
                 role,
@@ -203,6 +235,39 @@ class TrainingDataPaths(Construct):
                 "address objects by key, which cannot be listed ahead of time.",
             )
         return job, mountpoint
+
+    def allow_mount_from(self, *clients: ec2.IConnectable) -> None:
+        """Let ``clients`` mount the file system: node groups (``TrainiumNodeGroup``,
+        ``GpuNodeGroup``), security groups or CIDR peers.
+
+        Adds the Lustre rules in both directions between the file system's group and each of
+        the clients' groups: TCP 988 and 1018-1023 (all traffic with ``efa_fsx``, which EFA
+        needs), ingress and egress on either side, the clients' side kept in this stack.
+
+        Raises:
+            ValueError: a CIDR client with ``efa_fsx`` (EFA takes security groups only).
+        """
+        for client in clients:
+            groups = client.connections.security_groups
+            if self.props.efa_fsx and not groups:
+                raise ValueError(
+                    "allow_mount_from: a client without security groups cannot mount an "
+                    "efa_fsx file system; FSx for Lustre over EFA takes no CIDR rules"
+                )
+            peers: list[ec2.IPeer] = list(groups) or [cast(ec2.IPeer, client)]
+            for peer in peers:
+                self._allow_client(peer)
+
+    def _allow_client(self, clients: ec2.IPeer) -> None:
+        group = self.lustre_security_group
+        for port in self._client_ports:
+            group.add_ingress_rule(clients, port, "Lustre from clients")
+            group.add_egress_rule(clients, port, "Lustre to clients")
+            if ec2.SecurityGroup.is_security_group(clients):
+                # The clients' side of the same rules, kept in this stack (remote rules).
+                peer = cast(ec2.ISecurityGroup, clients)
+                peer.add_ingress_rule(group, port, "Lustre from the file servers", True)
+                peer.add_egress_rule(group, port, "Lustre to the file servers", True)
 
     def _access_log_bucket(self, removal: RemovalPolicy) -> s3.Bucket:
         # S3 delivers server access logs only to SSE-S3 buckets, so this one bucket is not on KMS.
@@ -286,27 +351,17 @@ class TrainingDataPaths(Construct):
             description="FSx for Lustre: Lustre ports from clients and between file servers",
             allow_all_outbound=False,
         )
-        clients = self.props.lustre_clients
-        client_group = ec2.SecurityGroup.is_security_group(clients)
         if self.props.efa_fsx:
             # EFA needs all traffic between the file servers and between them and their clients,
             # in and out, named by security group.
-            ports = [ec2.Port.all_traffic()]
-            group.add_ingress_rule(group, ports[0], "EFA between file servers")
-            group.add_egress_rule(group, ports[0], "EFA between file servers")
+            self._client_ports = [ec2.Port.all_traffic()]
+            group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
+            group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA between file servers")
         else:
-            ports = list(LUSTRE_PORTS)
-            for port in ports:
+            self._client_ports = list(LUSTRE_PORTS)
+            for port in LUSTRE_PORTS:
                 # Ingress between file servers comes from LustreFileSystem (988-1023 from itself).
                 group.add_egress_rule(group, port, "Lustre between file servers")
-        for port in ports:
-            group.add_ingress_rule(clients, port, "Lustre from clients")
-            group.add_egress_rule(clients, port, "Lustre to clients")
-            if client_group:
-                # The clients' side of the same rules, kept in this stack (remote rules).
-                peer = cast(ec2.ISecurityGroup, clients)
-                peer.add_ingress_rule(group, port, "Lustre from the file servers", True)
-                peer.add_egress_rule(group, port, "Lustre to the file servers", True)
         deny_other_egress(group)
         return group
 
@@ -385,7 +440,11 @@ def _validate(props: TrainingDataPathsProps) -> None:
             f"fsx_storage_gib {props.fsx_storage_gib} is not allowed; "
             f"{fsx_limits.efa_storage_rule(props.fsx_throughput_per_tib)}"
         )
-    if props.efa_fsx and not ec2.SecurityGroup.is_security_group(props.lustre_clients):
+    if (
+        props.efa_fsx
+        and props.lustre_clients is not None
+        and not ec2.SecurityGroup.is_security_group(props.lustre_clients)
+    ):
         raise ValueError(
             "lustre_clients must be a security group with efa_fsx; "
             "FSx for Lustre over EFA takes no CIDR rules"
@@ -394,6 +453,11 @@ def _validate(props: TrainingDataPathsProps) -> None:
         raise ValueError(
             f"fsx_throughput_per_tib {props.fsx_throughput_per_tib} is not allowed; "
             f"{fsx_limits.THROUGHPUT_RULE}"
+        )
+    if props.datasets_key is not None and props.datasets_bucket is None:
+        raise ValueError(
+            "datasets_key is the key of your datasets_bucket; without datasets_bucket the "
+            "construct's own bucket uses encryption_key"
         )
     for name in (
         "checkpoint_noncurrent_days",

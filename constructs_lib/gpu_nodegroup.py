@@ -44,6 +44,7 @@ class GpuNodeGroup(TrainiumNodeGroup):
     TAINT_KEY = GPU_TAINT_KEY
     NODE_TYPE = GPU_NODE_TYPE
     ROLE_DESCRIPTION = "GPU worker nodes"
+    PROPS = GpuNodeGroupProps
 
     def _lookup(self, instance_type: str) -> Any:
         return trn_catalog.get_gpu(instance_type)

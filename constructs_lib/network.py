@@ -21,6 +21,7 @@ from constructs_lib._common import (
     log_group_key,
     retention,
 )
+from constructs_lib._props import props_from
 
 # Interface endpoints that private trn and system nodes call on every boot or job, so that none
 # of that traffic (multi-GB Neuron images above all) pays NAT data processing or depends on it:
@@ -93,7 +94,8 @@ class TrainingNetworkProps:
         interface_endpoints: endpoint short names, from :data:`DEFAULT_INTERFACE_ENDPOINTS` or
             ``ec2messages``, ``monitoring``, ``elasticloadbalancing``, ``fsx``.
         flow_log_retention_days: retention of the VPC flow log group. Default 30.
-        removal_policy: for the flow log group and its key. Default DESTROY.
+        removal_policy: for the flow log group and its key. Default RETAIN, as aws-cdk-lib
+            keeps stateful resources.
     """
 
     trn_availability_zone: str
@@ -105,7 +107,7 @@ class TrainingNetworkProps:
     nat_gateways: int = 1
     interface_endpoints: Sequence[str] = field(default=DEFAULT_INTERFACE_ENDPOINTS)
     flow_log_retention_days: int = 30
-    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
 
 class TrainingNetwork(Construct):
@@ -128,7 +130,7 @@ class TrainingNetwork(Construct):
         vpc: the VPC.
         cidr: the VPC's IPv4 block (a literal for a new VPC, for rules in other stacks).
         endpoint_security_group: the group of all interface endpoints (None with ``vpc``).
-        trn_subnets: the selection of the trn AZ's private subnet (one subnet).
+        trn_subnet_selection: the selection of the trn AZ's private subnet (one subnet).
         private_subnets: the selection of all private subnets.
         flow_log_group: the flow log group (None with ``vpc``).
         lustre_clients: a security group for the nodes that mount FSx for Lustre; the file
@@ -136,7 +138,8 @@ class TrainingNetwork(Construct):
 
     Raises:
         ValueError: fewer than two AZs, the trn AZ not among them, a bad CIDR or mask, more NAT
-            gateways than AZs, or an unknown endpoint name. Each message names the prop.
+            gateways than AZs, an unknown endpoint name, or a given ``vpc`` imported without
+            its CIDR block. Each message names the prop.
     """
 
     vpc: ec2.IVpc
@@ -146,8 +149,16 @@ class TrainingNetwork(Construct):
     lustre_clients: ec2.SecurityGroup
     _selection: dict[str, Any]
 
-    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingNetworkProps) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: TrainingNetworkProps | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(TrainingNetworkProps, props, kwargs)
         _validate(props)
         self.props = props
         if props.vpc is not None:
@@ -189,7 +200,7 @@ class TrainingNetwork(Construct):
         )
         self._selection = {"subnet_group_name": PRIVATE_SUBNET_NAME}
         self.private_subnets = ec2.SubnetSelection(subnet_group_name=PRIVATE_SUBNET_NAME)
-        self.trn_subnets = ec2.SubnetSelection(
+        self.trn_subnet_selection = ec2.SubnetSelection(
             subnet_group_name=PRIVATE_SUBNET_NAME,
             availability_zones=[props.trn_availability_zone],
         )
@@ -234,12 +245,18 @@ class TrainingNetwork(Construct):
         """Bring-your-own VPC: select its private subnets; create nothing inside it but the
         Lustre clients group."""
         self.vpc = vpc
-        self.cidr = vpc.vpc_cidr_block
+        try:
+            self.cidr = vpc.vpc_cidr_block
+        except RuntimeError:
+            raise ValueError(
+                f"vpc {vpc.node.path!r} was imported without its CIDR block; import it with "
+                "ec2.Vpc.from_vpc_attributes(..., vpc_cidr_block=...)"
+            ) from None
         self.flow_log_group = None
         self.endpoint_security_group = None
         self._selection = {"subnet_type": ec2.SubnetType.PRIVATE_WITH_EGRESS}
         self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
-        self.trn_subnets = ec2.SubnetSelection(
+        self.trn_subnet_selection = ec2.SubnetSelection(
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
             availability_zones=[self.props.trn_availability_zone],
         )

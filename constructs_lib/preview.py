@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import jsii
 from aws_cdk import (
@@ -36,6 +37,7 @@ from constructs_lib._common import (
     acknowledge_wildcards,
     log_group_key,
 )
+from constructs_lib._props import props_from
 from trn_catalog import formats
 from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
@@ -93,9 +95,15 @@ class PreviewLifecycle(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, props: PreviewLifecycleProps
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: PreviewLifecycleProps | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(PreviewLifecycleProps, props, kwargs)
         _validate(props)
         region = Stack.of(self).region
         if not Token.is_unresolved(region) and region not in PREVIEW_REGIONS:

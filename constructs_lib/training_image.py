@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import cdk_ecr_deployment as ecr_deployment
 from aws_cdk import ArnFormat, RemovalPolicy, Stack
@@ -13,6 +14,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from constructs_lib._common import acknowledge_wildcards
+from constructs_lib._props import props_from
 from trn_catalog import neuron_stacks
 
 COPY_MEMORY_MIB = 3008
@@ -36,7 +38,8 @@ class TrainingImageProps:
         neuron_stack: the Dockerfile's NEURON_STACK build argument, ``native`` (TorchNeuron,
             default) or ``xla`` (the last PyTorch/XLA stack).
         keep_images: untagged images kept in the repository. Default 20.
-        removal_policy: for the repository and its key. Default DESTROY.
+        removal_policy: for the repository and its key; DESTROY also empties the repository
+            on deletion. Default RETAIN, as aws-cdk-lib keeps stateful resources.
         cuda_dockerfile: a second Dockerfile, relative to ``directory``, for the CUDA variant
             of the trainer (the GPU node group's image), e.g. ``training_image/Dockerfile.cuda``.
             Default None: no CUDA image.
@@ -47,7 +50,7 @@ class TrainingImageProps:
     neuron_stack: str = "native"
     cuda_dockerfile: str | None = None
     keep_images: int = 20
-    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
 
 
 class TrainingImage(Construct):
@@ -74,8 +77,16 @@ class TrainingImage(Construct):
         ValueError: ``neuron_stack`` not native or xla, or ``keep_images`` below 1.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, props: TrainingImageProps) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: TrainingImageProps | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(TrainingImageProps, props, kwargs)
         if props.neuron_stack not in neuron_stacks.NEURON_STACKS:
             raise ValueError(
                 f"neuron_stack {props.neuron_stack!r} is not allowed; use native or xla"

@@ -23,6 +23,7 @@ from constructs_lib._common import (
     launch_template_data,
     worker_node_role,
 )
+from constructs_lib._props import props_from
 from trn_catalog import formats
 from trn_catalog.workspace import NEURON_TAINT_KEY, NODE_TYPE_LABEL, TRAINIUM_NODE_TYPE
 
@@ -127,9 +128,10 @@ class TrainiumNodeGroup(Construct):
         placement_group (on-demand only, else None); node_role.
 
     Raises:
-        ValueError: unknown instance type, nodes out of 0..64, a reservation mode without a valid
-            reservation id, a reservation id with on-demand, a root volume under 100 GiB, or a
-            name prefix EKS would refuse.
+        ValueError: a cluster imported without ``vpc`` or ``cluster_security_group_id``, a
+            public ``subnet``, unknown instance type, nodes out of 0..64, a reservation mode
+            without a valid reservation id, a reservation id with on-demand, a root volume under
+            100 GiB, or a name prefix EKS would refuse.
     """
 
     # What a subclass for other accelerators changes (GpuNodeGroup); the launch template, EFA
@@ -138,14 +140,25 @@ class TrainiumNodeGroup(Construct):
     TAINT_KEY = NEURON_TAINT_KEY
     NODE_TYPE = TRAINIUM_NODE_TYPE
     ROLE_DESCRIPTION = "Trainium worker nodes"
+    PROPS: type[TrainiumNodeGroupProps] = TrainiumNodeGroupProps
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, props: TrainiumNodeGroupProps
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: Any = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(self.PROPS, props, kwargs)
         self.spec: Any = _validate(props, self._lookup)
         self.props = props
         self.efa_security_group = self._efa_security_group()
+        # The groups of ours on every interface; the cluster's own group is left to its owner.
+        self.connections = ec2.Connections(
+            security_groups=[self.efa_security_group, *props.security_groups]
+        )
         self.placement_group = (
             ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
             if props.capacity == "on-demand"
@@ -324,7 +337,31 @@ def _attribute(cfn_property: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", cfn_property).lower()
 
 
+def _imported(cluster: eks.ICluster, attribute: str) -> Any:
+    """``cluster.<attribute>``, or our error where an imported cluster lacks it (CDK's own comes
+    from deep inside jsii and names no prop)."""
+    try:
+        return getattr(cluster, attribute)
+    except RuntimeError:
+        raise ValueError(
+            f"cluster {cluster.node.path!r} was imported without {attribute}; a node group needs "
+            f"it: eks.Cluster.from_cluster_attributes(..., {attribute}=...)"
+        ) from None
+
+
+def _check_cluster_and_subnet(props: TrainiumNodeGroupProps) -> None:
+    vpc: ec2.IVpc = _imported(props.cluster, "vpc")
+    _imported(props.cluster, "cluster_security_group_id")
+    public = {subnet.node.path for subnet in vpc.public_subnets}
+    if props.subnet.node.path in public:
+        raise ValueError(
+            f"subnet {props.subnet.node.path!r} is a public subnet of the cluster's VPC; trn "
+            "nodes take no public addresses: use a private subnet of the trn AZ"
+        )
+
+
 def _validate(props: TrainiumNodeGroupProps, lookup: Callable[[str], Any]) -> Any:
+    _check_cluster_and_subnet(props)
     try:
         spec = lookup(props.instance_type)
     except KeyError as error:

@@ -13,12 +13,13 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 import trn_catalog
-from constructs_lib.cluster import (
+from constructs_lib._eks import (
     GPU_TOLERATION,
     MOUNTPOINT_ADDON,
     NEURON_TOLERATION,
     install_addon,
 )
+from constructs_lib._props import props_from
 from trn_catalog import neuron_stacks, versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
@@ -141,9 +142,15 @@ class TrainingWorkspace(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, props: TrainingWorkspaceProps
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: TrainingWorkspaceProps | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id)
+        props = props_from(TrainingWorkspaceProps, props, kwargs)
         for name in ("namespace", "service_account"):
             value = getattr(props, name)
             if not (value.replace("-", "").isalnum() and value.islower() and len(value) <= 63):

@@ -9,6 +9,7 @@ from constructs import Construct
 
 from constructs_lib import TrainingDataPaths, TrainingDataPathsProps, TrainingNetwork
 from platform_config import PlatformConfig
+from stacks._removal import removal_policy
 
 
 class DataStack(Stack):
@@ -38,6 +39,6 @@ class DataStack(Stack):
                 fsx_storage_gib=config.fsx.storage_gib,
                 fsx_throughput_per_tib=config.fsx.throughput_per_tib,
                 efa_fsx=config.fsx.efa,
-                retain=config.profile.retain_data,
+                removal_policy=removal_policy(config),
             ),
         )

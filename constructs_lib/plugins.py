@@ -1,0 +1,292 @@
+"""NeuronPlugins: the Neuron and EFA device plugins and the job engine on any EKS cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aws_cdk import Duration
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+import trn_catalog
+from constructs_lib._common import acknowledge_wildcards
+from constructs_lib._eks import GPU_TOLERATION, NEURON_TOLERATION, SYSTEM_LABEL, add_pod_identity
+from constructs_lib._props import props_from
+from trn_catalog import versions
+from trn_catalog.workspace import GPU_NODE_TYPE, NODE_TYPE_LABEL
+
+# No key and no effect: tolerates every taint. The node problem detector must keep running on
+# the degraded nodes it reports, whatever taints them.
+TOLERATE_ALL = {"operator": "Exists"}
+# The image of the Neuron chart's second scheduler (`my-scheduler`), a kube-scheduler of EKS
+# Distro; its tag must be of the control plane's Kubernetes minor version.
+KUBE_SCHEDULER_IMAGE = "public.ecr.aws/eks-distro/kubernetes/kube-scheduler"
+NPD_NAMESPACE = "neuron-healthcheck-system"
+NPD_SERVICE_ACCOUNT = "node-problem-detector"
+
+
+@dataclass(frozen=True)
+class NeuronPluginsProps:
+    """Props of :class:`NeuronPlugins`.
+
+    Attributes:
+        cluster: the EKS cluster (required): one made in this app, or imported with
+            ``eks.Cluster.from_cluster_attributes(..., kubectl_provider=...)`` naming your
+            kubectl provider (``eks.KubectlProvider.from_kubectl_provider_attributes``; an
+            imported cluster ignores ``kubectl_provider_options``); Helm installs the charts
+            through it.
+        job_engine: install Kubeflow Trainer (the TrainJob engine :class:`TrainingWorkspace`'s
+            runtimes need). Default True.
+        neuron_scheduler_tag: turns on the Neuron chart's scheduler extension and its second
+            scheduler ``my-scheduler`` from :data:`KUBE_SCHEDULER_IMAGE` at this tag, which must be
+            of the control plane's Kubernetes minor (``NeuronCluster`` checks it; here it is
+            yours to match). Default None: off.
+        system_node_labels: node labels that pick where the job engine's manager and the
+            Neuron scheduler run, e.g. your system node group's. Default none: any node.
+    """
+
+    cluster: eks.ICluster
+    job_engine: bool = True
+    neuron_scheduler_tag: str | None = None
+    system_node_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class NeuronPlugins(Construct):
+    """What Trainium (and EFA GPU) nodes need from the cluster, installed on an existing one.
+
+    Default settings: the Neuron Helm chart (device plugin tolerating the Neuron taint on the
+    catalog's types; node problem detector with node recovery, tolerating every taint, with a
+    Pod Identity role allowed to mark this cluster's broken nodes unhealthy; the scheduler
+    extension only with ``neuron_scheduler_tag``); the EFA device plugin chart on the catalogs'
+    trn and GPU types, tolerating the Neuron and GPU taints; and, with ``job_engine``, Kubeflow
+    Trainer with its CRDs and no built-in runtimes, its manager on the nodes of
+    ``system_node_labels``. Charts are the
+    pins of :mod:`trn_catalog.versions`, installed atomically with a 12-minute Helm timeout.
+
+    Your cluster must run the EKS Pod Identity Agent add-on (the node problem detector's role
+    reaches it through Pod Identity), CoreDNS and nodes that can run the charts' controllers;
+    make the charts depend on them with ``plugins.node.add_dependency(...)`` when they are in
+    the same app. Add the NVIDIA device plugin for a :class:`GpuNodeGroup` with
+    :meth:`add_nvidia_device_plugin`, and a namespace for jobs with :meth:`add_workspace`.
+
+    Attributes:
+        cluster, charts (release -> eks.HelmChart), npd_role, npd_namespace (the manifest).
+
+    Raises:
+        ValueError: ``cluster`` has no kubectl provider (neither made by CDK nor imported with
+            ``kubectl_provider``).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        props: NeuronPluginsProps | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        props = props_from(NeuronPluginsProps, props, kwargs)
+        cluster = props.cluster
+        if cluster.kubectl_provider is None:
+            raise ValueError(
+                f"cluster {cluster.node.path!r} has no kubectl provider, which installs the "
+                "charts; import it with kubectl_provider=eks.KubectlProvider."
+                "from_kubectl_provider_attributes(...) or pass a cluster made in this app"
+            )
+        self.props = props
+        self.cluster = cluster
+        self.npd_role = add_pod_identity(
+            self,
+            "NodeProblemDetector",
+            cluster,
+            NPD_NAMESPACE,
+            NPD_SERVICE_ACCOUNT,
+            statements=node_recovery_statements(cluster.cluster_name),
+        )
+        acknowledge_wildcards(
+            self.npd_role,
+            "Neuron node recovery: Describe calls take no resource ARNs; SetInstanceHealth is "
+            "conditioned on this cluster's tag and PutMetricData on its namespace.",
+        )
+        self.charts: dict[str, eks.HelmChart] = {
+            versions.NEURON_CHART.release: self._chart(
+                versions.NEURON_CHART,
+                neuron_values(props.neuron_scheduler_tag, props.system_node_labels),
+            ),
+            versions.EFA_CHART.release: self._chart(versions.EFA_CHART, efa_values()),
+        }
+        if props.job_engine:
+            self.charts[versions.TRAINER_CHART.release] = self._chart(
+                versions.TRAINER_CHART, trainer_values(props.system_node_labels)
+            )
+        # The Neuron chart puts the node problem detector in its own namespace but, since its
+        # 1.x layout, no longer creates it; the atomic install would fail and roll back.
+        self.npd_namespace = cluster.add_manifest(
+            "NpdNamespace",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NPD_NAMESPACE}},
+        )
+        # The node problem detector's pods read their Pod Identity credentials when they start.
+        self.charts[versions.NEURON_CHART.release].node.add_dependency(
+            self.npd_namespace, self.npd_role.node.find_child("PodIdentity")
+        )
+
+    @property
+    def pod_identity(self) -> eks.CfnPodIdentityAssociation:
+        """The node problem detector's Pod Identity association."""
+        association = self.npd_role.node.find_child("PodIdentity")
+        assert isinstance(association, eks.CfnPodIdentityAssociation)
+        return association
+
+    def add_nvidia_device_plugin(self) -> eks.HelmChart:
+        """The NVIDIA device plugin chart of :data:`trn_catalog.versions.NVIDIA_DEVICE_PLUGIN_CHART`
+        on the GPU node group's nodes (once; later calls return the same chart), in ``charts``."""
+        pin = versions.NVIDIA_DEVICE_PLUGIN_CHART
+        if pin.release not in self.charts:
+            self.charts[pin.release] = self._chart(pin, nvidia_device_plugin_values())
+        return self.charts[pin.release]
+
+    def add_workspace(self, construct_id: str, **kwargs: Any) -> Any:
+        """A :class:`TrainingWorkspace` on this cluster (``kwargs`` are its props but
+        ``cluster``), applied after the charts: its runtimes are Kubeflow Trainer objects.
+
+        Raises:
+            ValueError: ``job_engine`` is off (nothing would run the workspace's runtimes), and
+                every error of :class:`TrainingWorkspace`.
+        """
+        from constructs_lib.workspace import TrainingWorkspace
+
+        if not self.props.job_engine:
+            raise ValueError(
+                "job_engine is False: a workspace's TrainingRuntimes need Kubeflow Trainer; "
+                "construct NeuronPlugins with job_engine=True"
+            )
+        workspace = TrainingWorkspace(self, construct_id, cluster=self.cluster, **kwargs)
+        for chart in self.charts.values():
+            workspace.manifest.node.add_dependency(chart)
+        return workspace
+
+    def _chart(self, pin: versions.ChartPin, values: dict[str, Any]) -> eks.HelmChart:
+        return self.cluster.add_helm_chart(
+            f"Chart-{pin.release}",
+            chart=pin.chart,
+            repository=pin.repository,
+            version=pin.version,
+            release=pin.release,
+            namespace=pin.namespace,
+            create_namespace=True,
+            values=values,
+            wait=True,
+            atomic=True,
+            # Under the kubectl handler's 15-minute Lambda limit, so that a chart that never
+            # gets ready is rolled back by Helm rather than left pending (aws-cdk#22257).
+            timeout=Duration.minutes(12),
+        )
+
+
+def neuron_values(
+    scheduler_tag: str | None = None, node_selector: Mapping[str, str] = SYSTEM_LABEL
+) -> dict[str, Any]:
+    """Values of the Neuron chart: the device plugin on the catalog's types, the node problem
+    detector with node recovery, and the scheduler extension only with ``scheduler_tag`` (the
+    kube-scheduler tag of ``my-scheduler``; off otherwise, where the chart would run its 1.31),
+    on the nodes of ``node_selector``."""
+    scheduler: dict[str, Any] = {"enabled": False}
+    if scheduler_tag is not None:
+        selector = {"nodeSelector": dict(node_selector)} if node_selector else {}
+        scheduler = {
+            "enabled": True,
+            **selector,
+            "customScheduler": {
+                "enabled": True,
+                "image": {"repository": KUBE_SCHEDULER_IMAGE, "tag": scheduler_tag},
+                **selector,
+            },
+        }
+    return {
+        "neuronInstances": sorted(trn_catalog.CATALOG),
+        "devicePlugin": {"enabled": True, "tolerations": [NEURON_TOLERATION]},
+        "scheduler": scheduler,
+        "npd": {
+            "enabled": True,
+            # Helm replaces lists: any list here is the detector's only tolerations.
+            "tolerations": [TOLERATE_ALL],
+            "nodeRecovery": {"enabled": True},
+        },
+        "draDriver": {"enabled": False},
+    }
+
+
+def efa_values() -> dict[str, Any]:
+    """Values of the EFA device plugin chart: the two catalogs' types, both taints tolerated."""
+    # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge). Helm replaces
+    # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
+    # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
+    return {
+        "supportedInstanceLabels": {
+            "keys": ["node.kubernetes.io/instance-type"],
+            "values": sorted({*trn_catalog.CATALOG, *trn_catalog.GPU_CATALOG}),
+        },
+        "tolerations": [NEURON_TOLERATION, GPU_TOLERATION],
+    }
+
+
+def nvidia_device_plugin_values() -> dict[str, Any]:
+    """Values of the NVIDIA device plugin chart: the plugin on the GPU node group only.
+
+    The chart's default affinity asks for node-feature-discovery labels, and NFD is not
+    installed (it comes with gpu-feature-discovery, off); Helm replaces the term list, so this
+    affinity is the GPU group's node label alone. The tolerations are the GPU taint's (the
+    chart's default list also names the deprecated CriticalAddonsOnly)."""
+    gpu_nodes = {"key": NODE_TYPE_LABEL, "operator": "In", "values": [GPU_NODE_TYPE]}
+    return {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [gpu_nodes]}]
+                }
+            }
+        },
+        "nodeSelector": {NODE_TYPE_LABEL: GPU_NODE_TYPE},
+        "tolerations": [GPU_TOLERATION],
+    }
+
+
+def trainer_values(node_selector: Mapping[str, str] = SYSTEM_LABEL) -> dict[str, Any]:
+    """Values of the Kubeflow Trainer chart: CRDs, no built-in runtimes, no data cache, the
+    manager on the nodes of ``node_selector`` (any node when empty)."""
+    # Jobs run on the workspace's own `neuron-torch` TrainingRuntime. The chart's built-in
+    # ClusterTrainingRuntimes (CUDA images) come with a post-install hook Job that pulls alpine
+    # from Docker Hub and installs kubectl at run time, a failure point of the atomic install
+    # for runtimes nothing here uses; LeaderWorkerSet serves only the data cache, which is off.
+    return {
+        "crds": {"enabled": True},
+        "runtimes": {"defaultEnabled": False, "torchDistributed": {"enabled": False}},
+        "dataCache": {"enabled": False, "lws": {"install": False}},
+        **({"manager": {"nodeSelector": dict(node_selector)}} if node_selector else {}),
+    }
+
+
+def node_recovery_statements(cluster_name: str) -> list[iam.PolicyStatement]:
+    """Neuron node recovery: mark a broken trn node unhealthy so its group replaces it."""
+    # Describe calls cannot be scoped to resources; SetInstanceHealth is limited to this
+    # cluster's node groups by tag and PutMetricData to the NeuronHealthCheck namespace.
+    return [
+        iam.PolicyStatement(
+            actions=["autoscaling:SetInstanceHealth"],
+            resources=["*"],
+            conditions={"StringEquals": {"autoscaling:ResourceTag/eks:cluster-name": cluster_name}},
+        ),
+        iam.PolicyStatement(
+            actions=["autoscaling:DescribeAutoScalingInstances", "ec2:DescribeInstances"],
+            resources=["*"],
+        ),
+        iam.PolicyStatement(
+            actions=["cloudwatch:PutMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": "NeuronHealthCheck"}},
+        ),
+    ]

@@ -1,0 +1,103 @@
+"""Mistakes with imported resources fail in our words, naming the prop; every public construct
+takes its props as keyword arguments, as aws-cdk-lib's do."""
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+
+from constructs_lib import (
+    GpuNodeGroup,
+    TrainingDataPaths,
+    TrainingDataPathsProps,
+    TrainingNetwork,
+    TrainiumNodeGroup,
+)
+
+
+def stack_and_vpc() -> tuple[cdk.Stack, ec2.Vpc]:
+    stack = cdk.Stack(
+        cdk.App(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
+    )
+    return stack, ec2.Vpc(stack, "Vpc", availability_zones=["us-west-2a", "us-west-2b"])
+
+
+def test_a_cluster_imported_without_vpc_names_the_prop() -> None:
+    stack, vpc = stack_and_vpc()
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="research", cluster_security_group_id="sg-0123"
+    )
+    with pytest.raises(ValueError, match=r"cluster 'Theirs/Cluster' was imported without vpc"):
+        TrainiumNodeGroup(stack, "Trn", cluster=cluster, subnet=vpc.private_subnets[0])
+
+
+def test_a_cluster_imported_without_its_security_group_names_the_prop() -> None:
+    stack, vpc = stack_and_vpc()
+    cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="c", vpc=vpc)
+    with pytest.raises(ValueError, match=r"imported without cluster_security_group_id"):
+        GpuNodeGroup(stack, "Gpu", cluster=cluster, subnet=vpc.private_subnets[0])
+
+
+def test_a_public_subnet_for_the_node_group_is_refused() -> None:
+    stack, vpc = stack_and_vpc()
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="c", vpc=vpc, cluster_security_group_id="sg-0123"
+    )
+    with pytest.raises(ValueError, match=r"subnet 'Theirs/Vpc/PublicSubnet1' is a public subnet"):
+        TrainiumNodeGroup(stack, "Trn", cluster=cluster, subnet=vpc.public_subnets[0])
+
+
+def test_a_vpc_imported_without_cidr_names_the_prop() -> None:
+    stack, _ = stack_and_vpc()
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack,
+        "Imported",
+        vpc_id="vpc-0123456789abcdef0",
+        availability_zones=["us-west-2a", "us-west-2b"],
+        private_subnet_ids=["subnet-0a", "subnet-0b"],
+    )
+    with pytest.raises(ValueError, match=r"vpc 'Theirs/Imported' was imported without its CIDR"):
+        TrainingNetwork(stack, "Net", trn_availability_zone="us-west-2b", vpc=vpc)
+
+
+def test_trn_subnet_is_the_subnet_and_trn_subnet_selection_the_selection() -> None:
+    stack, vpc = stack_and_vpc()
+    network = TrainingNetwork(stack, "Net", trn_availability_zone="us-west-2b", vpc=vpc)
+    assert network.trn_subnet.availability_zone == "us-west-2b"
+    assert network.trn_subnet_selection.availability_zones == ["us-west-2b"]
+    assert not hasattr(network, "trn_subnets")
+
+
+def test_keyword_arguments_and_props_build_the_same_construct() -> None:
+    stack, vpc = stack_and_vpc()
+    TrainingDataPaths(stack, "ByKeywords", vpc=vpc, fsx_subnet=vpc.private_subnets[0])
+    TrainingDataPaths(
+        stack,
+        "ByProps",
+        props=TrainingDataPathsProps(vpc=vpc, fsx_subnet=vpc.private_subnets[0]),
+    )
+    types = cdk.assertions.Template.from_stack(stack).to_json()["Resources"].values()
+    assert sum(r["Type"] == "AWS::FSx::FileSystem" for r in types) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"vpc": None, "fsx_subnet": None, "colour": "red"},
+            r"unknown keyword argument\(s\) colour",
+        ),
+        ({"vpc": None}, r"TrainingDataPaths is missing required keyword argument\(s\) fsx_subnet"),
+    ],
+)
+def test_keyword_mistakes_name_the_keyword(kwargs: dict[str, object], message: str) -> None:
+    stack, _ = stack_and_vpc()
+    with pytest.raises(TypeError, match=message):
+        TrainingDataPaths(stack, "Data", **kwargs)
+
+
+def test_props_and_keywords_together_are_refused() -> None:
+    stack, vpc = stack_and_vpc()
+    props = TrainingDataPathsProps(vpc=vpc, fsx_subnet=vpc.private_subnets[0])
+    with pytest.raises(TypeError, match=r"pass props= or keyword arguments, not both .*efa_fsx"):
+        TrainingDataPaths(stack, "Data", props=props, efa_fsx=True)
