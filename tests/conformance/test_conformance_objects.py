@@ -12,12 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kube_objects import Applied, manifests, problems
+from kube_objects import Applied, manifests, problems, sample_outputs
 
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import crds, versions
 from trn_catalog import workspace as ws
-from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import jobs, validation
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -28,19 +27,7 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
     a command after --; with a GPU group, both on --target gpu), `trnctl job export` and
     `trnctl validate` create in this environment."""
     workspace = synth.platform.workloads.workspace.props
-    outputs = EnvironmentOutputs(
-        environment="trn-dev",
-        region="us-east-2",
-        cluster_name="trn-dev",
-        trn_nodegroup="trn-dev-trn-0a1b2c3d",
-        node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
-        fsx_file_system_id="fs-0123456789abcdef0",
-        fsx_mount_name="abcdefgh",
-        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
-        datasets_bucket="trn-dev-datasets",
-        checkpoints_bucket="trn-dev-checkpoints",
-        compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
-        image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
+    outputs = sample_outputs(
         namespace=workspace.namespace,
         service_account=workspace.service_account,
         instance_type=workspace.instance_type,

@@ -10,34 +10,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_objects import manifests, problems
+from kube_objects import manifests, problems, sample_outputs
 
 import trn_catalog
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import crds
 from trn_catalog import workspace as ws
-from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import jobs
 
 # An environment's outputs; only the namespace, images and types matter to a rendered job.
-OUTPUTS_FOR_SEAM = EnvironmentOutputs(
-    environment="trn-dev",
-    region="us-east-2",
-    cluster_name="trn-dev",
-    trn_nodegroup="trn-dev-trn-0a1b2c3d",
-    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
-    fsx_file_system_id="fs-0123456789abcdef0",
-    fsx_mount_name="abcdefgh",
-    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
-    datasets_bucket="trn-dev-datasets",
-    checkpoints_bucket="trn-dev-checkpoints",
-    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
-    image_uri="example.com/trainer:1",
-    namespace="training",
-    service_account="trainer",
-    instance_type="trn3.48xlarge",
-    trn_nodes=2,
-)
+OUTPUTS_FOR_SEAM = sample_outputs(image_uri="example.com/trainer:1", instance_type="trn3.48xlarge")
 
 
 def synthesized_runtime(synth: Synth, name: str = ws.RUNTIME_NAME) -> dict[str, Any]:
