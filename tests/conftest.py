@@ -7,11 +7,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from trn_catalog.outputs import EnvironmentOutputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,3 +122,29 @@ def dev(synth_variant: Callable[[str], Synth]) -> Synth:
 @pytest.fixture(scope="session")
 def prod(synth_variant: Callable[[str], Synth]) -> Synth:
     return synth_variant("prod")
+
+
+_SAMPLE_OUTPUTS = EnvironmentOutputs(
+    environment="trn-dev",
+    region="us-east-2",
+    cluster_name="trn-dev",
+    trn_nodegroup="trn-dev-trn-0a1b2c3d",
+    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
+    fsx_file_system_id="fs-0123456789abcdef0",
+    fsx_mount_name="abcdefgh",
+    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
+    datasets_bucket="trn-dev-datasets",
+    checkpoints_bucket="trn-dev-checkpoints",
+    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
+    image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
+    namespace="training",
+    service_account="trainer",
+    instance_type="trn2.48xlarge",
+    trn_nodes=2,
+)
+
+
+def sample_outputs(**changes: Any) -> EnvironmentOutputs:
+    """An environment's outputs as trnctl reads them (what a rendered job depends on is the
+    namespace, images and instance types; tests change those they check)."""
+    return replace(_SAMPLE_OUTPUTS, **changes)

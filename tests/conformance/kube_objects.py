@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -20,7 +20,6 @@ import kubernetes_validate
 
 from trn_catalog import crds, versions
 from trn_catalog import workspace as ws
-from trn_catalog.outputs import EnvironmentOutputs
 
 MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
 HELM_TYPE = "Custom::AWSCDK-EKS-HelmChart"
@@ -138,29 +137,3 @@ def _embedded(obj: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
                 "spec": job["template"]["spec"],
             },
         )
-
-
-_SAMPLE_OUTPUTS = EnvironmentOutputs(
-    environment="trn-dev",
-    region="us-east-2",
-    cluster_name="trn-dev",
-    trn_nodegroup="trn-dev-trn-0a1b2c3d",
-    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
-    fsx_file_system_id="fs-0123456789abcdef0",
-    fsx_mount_name="abcdefgh",
-    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
-    datasets_bucket="trn-dev-datasets",
-    checkpoints_bucket="trn-dev-checkpoints",
-    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
-    image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
-    namespace="training",
-    service_account="trainer",
-    instance_type="trn2.48xlarge",
-    trn_nodes=2,
-)
-
-
-def sample_outputs(**changes: Any) -> EnvironmentOutputs:
-    """An environment's outputs as trnctl reads them (what a rendered job depends on is the
-    namespace, images and instance types; tests change those they check)."""
-    return replace(_SAMPLE_OUTPUTS, **changes)

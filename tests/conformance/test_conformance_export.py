@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kube_objects import problems, sample_outputs
+from kube_objects import problems
 
+from tests.conftest import sample_outputs
 from trnctl import jobs
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kube_objects import Applied, manifests, problems, sample_outputs
+from kube_objects import Applied, manifests, problems
 
-from tests.conftest import VARIANTS, Synth
+from tests.conftest import VARIANTS, Synth, sample_outputs
 from trn_catalog import crds, versions
 from trn_catalog import workspace as ws
 from trnctl import jobs, validation

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_objects import manifests, problems, sample_outputs
+from kube_objects import manifests, problems
 
 import trn_catalog
-from tests.conftest import VARIANTS, Synth
+from tests.conftest import VARIANTS, Synth, sample_outputs
 from trn_catalog import crds
 from trn_catalog import workspace as ws
 from trnctl import jobs

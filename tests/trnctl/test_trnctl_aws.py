@@ -12,30 +12,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
-from trn_catalog.outputs import EnvironmentOutputs
+from tests.conftest import sample_outputs
 from trnctl import aws, environment
 from trnctl.errors import ExitCode, TrnctlError, from_aws
 
 TRNCTL = Path(sys.executable).with_name("trnctl")
 
-OUTPUTS = EnvironmentOutputs(
-    environment="trn-dev",
-    region="us-east-2",
-    cluster_name="trn-dev",
-    trn_nodegroup="trn-dev-trn-0a1b2c3d",
-    node_role_arn="arn:aws:iam::123456789012:role/trn-dev-node",
-    fsx_file_system_id="fs-0123456789abcdef0",
-    fsx_mount_name="abcdefgh",
-    fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-2.amazonaws.com",
-    datasets_bucket="trn-dev-datasets",
-    checkpoints_bucket="trn-dev-checkpoints",
-    compile_cache_url="s3://trn-dev-checkpoints/neuron-cache/",
-    image_uri="123456789012.dkr.ecr.us-east-2.amazonaws.com/trainer:1",
-    namespace="training",
-    service_account="trainer",
-    instance_type="trn2.48xlarge",
-    trn_nodes=2,
-)
+OUTPUTS = sample_outputs()
 
 
 def test_clients_use_adaptive_retries() -> None:
