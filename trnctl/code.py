@@ -17,64 +17,26 @@ Standard library and boto3 only.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trn_catalog import workspace as ws
 from trnctl import transfer
 from trnctl.errors import TrnctlError
 from trnctl.transfer import S3Prefix, Upload, sha256_file
 
 CODE_PREFIX = "code"
 MANIFEST = "trnctl-code.json"
-# The rule of staged model names (trn_catalog.hf_models.MODEL_NAME): a NAME is one path segment
-# and also a valid Kubernetes label value (the job's trn-platform/code label).
-NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-NAME_RULE = (
-    "lowercase letters, digits, '.' and '-', starting and ending with a letter or digit, at most "
-    "63 characters"
-)
 _LEFT_OUT_DIRS = ("__pycache__",)
 _LEFT_OUT_SUFFIXES = (".pyc",)
 
 
-def validate_name(name: str) -> str:
-    """``name`` if it can name staged code.
-
-    Raises:
-        TrnctlError: USAGE, naming the rule that ``name`` breaks.
-    """
-    if not NAME.match(name):
-        raise TrnctlError(f"code name {name!r} is not allowed: use {NAME_RULE}")
-    return name
-
-
-def name_of(ref: str) -> str:
-    """The NAME of ``code/NAME`` (a trailing ``/`` is ignored), as ``job submit --code`` takes
-    it.
-
-    Raises:
-        TrnctlError: USAGE when ``ref`` is not ``code/NAME`` or NAME breaks the name rule.
-    """
-    head, _, name = ref.rstrip("/").partition("/")
-    if head != CODE_PREFIX or not name or "/" in name:
-        raise TrnctlError(
-            f"--code {ref!r} is not {CODE_PREFIX}/NAME (code staged with trnctl code stage DIR "
-            "NAME --env E)"
-        )
-    return validate_name(name)
-
-
-def prefix(bucket: str, name: str) -> S3Prefix:
-    """Where code ``name`` lives in ``bucket``: ``s3://bucket/code/NAME/``."""
-    return S3Prefix(bucket, f"{CODE_PREFIX}/{name}/")
-
-
-def pod_path(name: str) -> str:
-    """Where a job's pods find code ``name``: under the datasets mount."""
-    return f"{ws.DATASETS_MOUNT}/{CODE_PREFIX}/{name}"
+AREA = transfer.StagedArea(top=CODE_PREFIX, what="code", option="--code", last_file=MANIFEST)
+validate_name = AREA.validate_name
+name_of = AREA.name_of
+prefix = AREA.prefix
+pod_path = AREA.pod_path
+require_staged = AREA.require_staged
 
 
 @dataclass(frozen=True)
@@ -160,19 +122,3 @@ def stale_keys(s3: Any, dest: S3Prefix, items: list[Upload]) -> list[str]:
     ):
         found += [o["Key"] for o in page.get("Contents", []) if o["Key"] not in wanted]
     return found
-
-
-def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
-    """Refuses code that was never staged (or whose stage did not finish).
-
-    Raises:
-        TrnctlError: NOT_FOUND, with the command that stages it.
-        botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
-    """
-    transfer.require_staged(
-        s3,
-        prefix(bucket, name),
-        MANIFEST,
-        what=f"code {CODE_PREFIX}/{name}",
-        stage=f"trnctl code stage DIR {name} --env {env}",
-    )

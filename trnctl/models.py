@@ -23,47 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from trn_catalog import hf_models as hf
-from trn_catalog import workspace as ws
 from trnctl import transfer
 from trnctl.errors import TrnctlError
 from trnctl.transfer import S3Prefix, Upload, sha256_file
 
-
-def validate_name(name: str) -> str:
-    """``name`` if it can name a staged model (:data:`trn_catalog.hf_models.MODEL_NAME`).
-
-    Raises:
-        TrnctlError: USAGE, naming the rule that ``name`` breaks.
-    """
-    if not hf.MODEL_NAME.match(name):
-        raise TrnctlError(f"model name {name!r} is not allowed: use {hf.MODEL_NAME_RULE}")
-    return name
-
-
-def name_of(ref: str) -> str:
-    """The NAME of ``models/NAME`` (a trailing ``/`` is ignored), as ``job submit --model``
-    takes it.
-
-    Raises:
-        TrnctlError: USAGE when ``ref`` is not ``models/NAME`` or NAME breaks the name rule.
-    """
-    head, _, name = ref.rstrip("/").partition("/")
-    if head != hf.MODELS_PREFIX or not name or "/" in name:
-        raise TrnctlError(
-            f"--model {ref!r} is not {hf.MODELS_PREFIX}/NAME (a model staged with trnctl model "
-            "stage DIR NAME --env E)"
-        )
-    return validate_name(name)
-
-
-def prefix(bucket: str, name: str) -> S3Prefix:
-    """Where model ``name`` lives in ``bucket``: ``s3://bucket/models/NAME/``."""
-    return S3Prefix(bucket, f"{hf.MODELS_PREFIX}/{name}/")
-
-
-def pod_path(name: str) -> str:
-    """Where a job's pods read model ``name``: under the datasets mount."""
-    return f"{ws.DATASETS_MOUNT}/{hf.MODELS_PREFIX}/{name}"
+AREA = transfer.StagedArea(
+    top=hf.MODELS_PREFIX, what="model", option="--model", last_file=hf.CONFIG_FILE
+)
+validate_name = AREA.validate_name
+name_of = AREA.name_of
+prefix = AREA.prefix
+pod_path = AREA.pod_path
+require_staged = AREA.require_staged
 
 
 @dataclass(frozen=True)
@@ -262,19 +233,3 @@ def uploads(model: ModelDir, dest: S3Prefix) -> list[Upload]:
         Upload(model.root / name, dest.key(name), sha256_file(model.root / name))
         for name in model.files
     ]
-
-
-def require_staged(s3: Any, bucket: str, name: str, env: str) -> None:
-    """Refuses a model that was never staged (or whose stage did not finish).
-
-    Raises:
-        TrnctlError: NOT_FOUND, with the command that stages it.
-        botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
-    """
-    transfer.require_staged(
-        s3,
-        prefix(bucket, name),
-        hf.CONFIG_FILE,
-        what=f"model {hf.MODELS_PREFIX}/{name}",
-        stage=f"trnctl model stage DIR {name} --env {env}",
-    )

@@ -1,5 +1,5 @@
-"""Uploads to S3 that a rerun can skip: what ``trnctl data stage`` and ``trnctl model stage``
-share.
+"""Uploads to S3 that a rerun can skip, and the directories staged whole that jobs read: what
+``trnctl data stage``, ``trnctl model stage`` and ``trnctl code stage`` share.
 
 An object counts as already uploaded when it has the file's size and carries the file's SHA-256 in
 the ``sha256`` metadata that :func:`upload_all` writes; S3 itself verifies each part's SHA-256
@@ -16,6 +16,8 @@ from typing import Any
 
 from boto3.s3.transfer import TransferConfig
 
+from trn_catalog import hf_models as hf
+from trn_catalog import workspace as ws
 from trnctl.errors import ExitCode, TrnctlError
 
 MIB = 1 << 20
@@ -104,19 +106,69 @@ def is_intact(s3: Any, bucket: str, upload: Upload) -> bool:
     )
 
 
-def require_staged(s3: Any, dest: S3Prefix, last_file: str, *, what: str, stage: str) -> None:
-    """Refuses ``what`` under ``dest`` unless ``last_file`` (the file its stage uploads last, so
-    present only once the stage finished) is there.
+@dataclass(frozen=True)
+class StagedArea:
+    """Directories staged whole under ``top/NAME/`` of the datasets bucket (``code``,
+    ``models``): their names, where they live, how a job refers to them and reads them.
 
-    Raises:
-        TrnctlError: NOT_FOUND, naming ``what`` and the ``stage`` command.
-        botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
+    ``last_file`` is the file a stage uploads last, so present only once the stage finished.
     """
-    if head(s3, dest.bucket, dest.key(last_file)) is None:
-        raise TrnctlError(
-            f"{what} is not staged: {dest}{last_file} does not exist; stage it first with: {stage}",
-            ExitCode.NOT_FOUND,
-        )
+
+    top: str
+    what: str
+    option: str
+    last_file: str
+
+    def validate_name(self, name: str) -> str:
+        """``name`` if it can name a staged directory (:data:`trn_catalog.hf_models.MODEL_NAME`:
+        one path segment that is also a Kubernetes label value).
+
+        Raises:
+            TrnctlError: USAGE, naming the rule that ``name`` breaks.
+        """
+        if not hf.MODEL_NAME.match(name):
+            raise TrnctlError(f"{self.what} name {name!r} is not allowed: use {hf.MODEL_NAME_RULE}")
+        return name
+
+    def name_of(self, ref: str) -> str:
+        """The NAME of ``top/NAME`` (a trailing ``/`` is ignored), as the job option takes it.
+
+        Raises:
+            TrnctlError: USAGE when ``ref`` is not ``top/NAME`` or NAME breaks the name rule.
+        """
+        head, _, name = ref.rstrip("/").partition("/")
+        if head != self.top or not name or "/" in name:
+            raise TrnctlError(
+                f"{self.option} {ref!r} is not {self.top}/NAME ({self.what} staged with "
+                f"{self.stage_command('NAME', 'E')})"
+            )
+        return self.validate_name(name)
+
+    def prefix(self, bucket: str, name: str) -> S3Prefix:
+        """Where ``name`` lives in ``bucket``: ``s3://bucket/top/NAME/``."""
+        return S3Prefix(bucket, f"{self.top}/{name}/")
+
+    def pod_path(self, name: str) -> str:
+        """Where a job's pods read ``name``: under the datasets mount."""
+        return f"{ws.DATASETS_MOUNT}/{self.top}/{name}"
+
+    def stage_command(self, name: str, env: str) -> str:
+        return f"trnctl {self.what} stage DIR {name} --env {env}"
+
+    def require_staged(self, s3: Any, bucket: str, name: str, env: str) -> None:
+        """Refuses ``name`` unless its stage finished (``last_file`` is there).
+
+        Raises:
+            TrnctlError: NOT_FOUND, naming the directory and the command that stages it.
+            botocore.exceptions.ClientError: S3 refused the HEAD request (access denied).
+        """
+        dest = self.prefix(bucket, name)
+        if head(s3, dest.bucket, dest.key(self.last_file)) is None:
+            raise TrnctlError(
+                f"{self.what} {self.top}/{name} is not staged: {dest}{self.last_file} does not "
+                f"exist; stage it first with: {self.stage_command(name, env)}",
+                ExitCode.NOT_FOUND,
+            )
 
 
 def pending(s3: Any, items: list[Upload], dest: S3Prefix) -> list[Upload]:
