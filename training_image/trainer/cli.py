@@ -196,7 +196,12 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         "--eval-batches", type=int, default=d.eval_batches, help="held-out batches per eval"
     )
     run.add_argument("--seed", type=int, default=d.seed)
-    run.add_argument("--instance-type", default=d.instance_type, help="for the Neuron MFU peak")
+    run.add_argument(
+        "--instance-type",
+        default=d.instance_type,
+        help="the node's instance type: the run header's, and the MFU peak per rank (the "
+        "Neuron catalog's, or the GPU catalog's with --device cuda)",
+    )
     run.add_argument(
         "--fail-on-recompile",
         action="store_true",
