@@ -222,7 +222,7 @@ def neuron_values(
 
 def efa_values() -> dict[str, Any]:
     """Values of the EFA device plugin chart: the two catalogs' types, both taints tolerated."""
-    # The chart's allowlist has no trn3 entry (and misses trn2u/trn2.3xlarge). Helm replaces
+    # The chart's allowlist (v0.5.30) has no trn3 entry. Helm replaces
     # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
     # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
     return {

@@ -30,8 +30,8 @@ GPU_SOURCES: Mapping[str, str] = MappingProxyType(
         ),
         "ec2-efa-multicard": (
             "Amazon EC2 User Guide, 'Maximize network bandwidth on Amazon EC2 instances with "
-            "multiple network cards' (P5/P5e and P6-B200 'use case 1' layouts; the general rule "
-            "for other multi-card types)"
+            "multiple network cards' (the P5/P5e 'use case 1' layout, and the general rule: one "
+            "EFA device per network card)"
         ),
         "ec2-efa-rdma": (
             "Amazon EC2 User Guide, 'Elastic Fabric Adapter for AI/ML and HPC workloads', "
@@ -189,7 +189,8 @@ _P5EN = GpuInstanceSpec(
     unverified=frozenset({"efa_interfaces"}),
 )
 
-# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces.
+# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces; one EFA per card
+# by the general multi-card rule (no B200-specific layout found in the EC2 guide).
 _P6_B200 = GpuInstanceSpec(
     name="p6-b200.48xlarge",
     gpu="B200",
@@ -204,7 +205,8 @@ _P6_B200 = GpuInstanceSpec(
     efa_rdma=True,
     bf16_tflops_per_gpu=2250.0,
     instance_store_gb=30400,
-    sources=_sources("nvidia-b200"),
+    sources=_sources("nvidia-b200", efa_interfaces="one-per-card"),
+    unverified=frozenset({"efa_interfaces"}),
 )
 
 # 8 x L40S (44 GiB as EC2 lists it), 4 network cards and 40 interfaces, 400 Gbps; no source
@@ -220,11 +222,13 @@ _G6E = GpuInstanceSpec(
     max_network_interfaces=40,
     efa_interfaces=4,
     efa_gbps=400,
-    efa_rdma=True,
+    # No AWS page found lists g6e among the types with EFA RDMA read/write: False leaves
+    # FI_EFA_USE_DEVICE_RDMA unset, and libfabric finds out from the device itself.
+    efa_rdma=False,
     bf16_tflops_per_gpu=362.05,
     instance_store_gb=7600,
     sources=_sources("nvidia-l40s", efa_interfaces="one-per-card"),
-    unverified=frozenset({"efa_interfaces"}),
+    unverified=frozenset({"efa_interfaces", "efa_rdma"}),
 )
 
 GPU_CATALOG: Mapping[str, GpuInstanceSpec] = MappingProxyType(

@@ -226,8 +226,13 @@ def test_cuda_image_shares_the_neuron_images_pins_and_contents() -> None:
     assert entry.findall(CUDA_DOCKERFILE.read_text()) == entry.findall(
         NEURON_DOCKERFILE.read_text()
     )
-    # NCCL's EFA plugin and libfabric on the loader path, else NCCL falls back to TCP.
-    assert "/opt/amazon/aws-ofi-nccl/lib" in CUDA_DOCKERFILE.read_text()
+    # NCCL's EFA plugin found wherever the installer put it (the build fails without it), its
+    # directory linked where the trainer looks and on the loader path, else NCCL uses TCP.
+    text = CUDA_DOCKERFILE.read_text()
+    assert "find /opt/amazon -name libnccl-net-ofi.so" in text
+    assert 'test -n "${plugin}"' in text
+    assert 'ln -s "${dir}" /opt/ofi-nccl' in text
+    assert "LD_LIBRARY_PATH=/opt/ofi-nccl:/opt/amazon/efa/lib" in text
 
 
 def test_cuda_image_is_built_only_with_a_gpu_group(

@@ -151,6 +151,8 @@ def test_efa_in_the_image_needs_libfabric_and_the_plugin(tmp_path: Path) -> None
     dockerfile = (Path(__file__).parents[2] / "training_image" / "Dockerfile.cuda").read_text()
     library_path = f"LD_LIBRARY_PATH={launch.OFI_NCCL_DIR}:{launch.EFA_LIBFABRIC_DIR}"
     assert library_path in dockerfile
+    # ... and the directory it links the installer's plugin directory to.
+    assert f'ln -s "${{dir}}" {launch.OFI_NCCL_DIR}' in dockerfile
 
 
 def test_the_neuron_stack_checks_do_not_apply_on_a_gpu_node() -> None:

@@ -33,10 +33,11 @@ from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
 
 # The instance type a job's environment names in TRN_INSTANCE_TYPE, where it names none.
 DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
-# Where the CUDA image's EFA installer puts libfabric and the aws-ofi-nccl plugin that carries
-# NCCL over it (Dockerfile.cuda puts both on LD_LIBRARY_PATH; without them NCCL uses sockets).
+# Where the CUDA image has libfabric (the EFA installer's) and the aws-ofi-nccl plugin that carries
+# NCCL over it (Dockerfile.cuda links the plugin's directory, wherever the installer put it, and
+# puts both on LD_LIBRARY_PATH; without them NCCL uses sockets).
 EFA_LIBFABRIC_DIR = Path("/opt/amazon/efa/lib")
-OFI_NCCL_DIR = Path("/opt/amazon/aws-ofi-nccl/lib")
+OFI_NCCL_DIR = Path("/opt/ofi-nccl")
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
 PRECOMPILE_ENV = "TRN_PRECOMPILE"  # "1": run trn-train compile before the run
 # torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
