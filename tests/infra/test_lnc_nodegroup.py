@@ -6,9 +6,13 @@ from __future__ import annotations
 import email
 from typing import Any
 
+import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
 from test_trainium_nodegroup import build, launch_data
 
+from constructs_lib import GpuNodeGroup
 from constructs_lib.trainium_nodegroup import user_data
 
 OLD_USER_DATA = """MIME-Version: 1.0
@@ -72,3 +76,22 @@ def test_lnc_on_trn1_is_refused_naming_lnc() -> None:
 def test_an_lnc_other_than_one_or_two_is_refused() -> None:
     with pytest.raises(ValueError, match=r"lnc 4 is not allowed: 4 is not an LNC; use 1 or 2"):
         build(instance_type="trn3.48xlarge", lnc=4)
+
+
+def test_lnc_on_a_gpu_group_is_refused() -> None:
+    stack = cdk.Stack(
+        cdk.App(), "Gpu", env=cdk.Environment(account="123456789012", region="us-east-2")
+    )
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="c", vpc=vpc, cluster_security_group_id="sg-0123"
+    )
+    with pytest.raises(ValueError, match=r"lnc 1 is not allowed: p5\.48xlarge has no NeuronCores"):
+        GpuNodeGroup(
+            stack,
+            "Gpu",
+            cluster=cluster,
+            subnet=vpc.private_subnets[0],
+            instance_type="p5.48xlarge",
+            lnc=1,
+        )
