@@ -40,6 +40,7 @@ from constructs_lib.plugins import KUBE_SCHEDULER_IMAGE, NeuronPlugins
 from constructs_lib.plugins import neuron_values as neuron_values
 from constructs_lib.plugins import nvidia_device_plugin_values as nvidia_device_plugin_values
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
+from trn_catalog import devices as device_modes
 from trn_catalog import versions
 
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
@@ -79,6 +80,9 @@ class NeuronClusterProps:
             must be of ``version``'s minor (e.g. ``v1.35.2-eks-1-35-7``; the chart's own is
             1.31). Pods opt in with ``schedulerName: my-scheduler``. Default None: off, as no
             platform pod uses it (each training pod takes every Neuron device of its node).
+        devices: ``plugin`` (default: the Neuron and EFA device plugins) or ``dra`` (the Neuron
+            and EFA DRA drivers; see :class:`NeuronPlugins`), which needs ``version`` 1.34 or
+            later. Node groups made here are managed node groups, which DRA supports.
     """
 
     vpc: ec2.IVpc
@@ -93,6 +97,7 @@ class NeuronClusterProps:
     secrets_key: kms.IKey | None = None
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     neuron_scheduler_tag: str | None = None
+    devices: device_modes.DeviceMode = "plugin"
 
 
 class NeuronCluster(Construct):
@@ -116,7 +121,9 @@ class NeuronCluster(Construct):
 
     Raises:
         ValueError: a malformed or open public CIDR, a malformed admin role ARN, system_nodes
-            outside 2..10, or a ``neuron_scheduler_tag`` of another Kubernetes minor version.
+            outside 2..10, a ``neuron_scheduler_tag`` of another Kubernetes minor version, or
+            ``devices='dra'`` with a Kubernetes ``version`` before 1.34 (and every error of
+            :class:`NeuronPlugins`).
     """
 
     def __init__(
@@ -320,6 +327,7 @@ class NeuronCluster(Construct):
             cluster=self.icluster,
             neuron_scheduler_tag=self.props.neuron_scheduler_tag,
             system_node_labels=SYSTEM_LABEL,
+            devices=self.props.devices,
         )
         plugins.pod_identity.node.add_dependency(self.addons["eks-pod-identity-agent"])
         plugins.npd_namespace.node.add_dependency(self.system_nodegroup)
@@ -358,8 +366,12 @@ def _validate(props: NeuronClusterProps) -> None:
         )
     if not 2 <= props.system_nodes <= 10:
         raise ValueError(f"system_nodes {props.system_nodes} is not allowed; use 2 to 10")
-    tag = props.neuron_scheduler_tag
     minor = props.version.version
+    if props.devices == "dra":
+        problem = device_modes.kubernetes_problem(minor)
+        if problem:
+            raise ValueError(f"devices 'dra': {problem}")
+    tag = props.neuron_scheduler_tag
     if tag is not None and not tag.startswith(f"v{minor}."):
         raise ValueError(
             f"neuron_scheduler_tag {tag!r} is not a kube-scheduler of Kubernetes {minor}, the "

@@ -15,6 +15,7 @@ import trn_catalog
 from constructs_lib._common import acknowledge_wildcards
 from constructs_lib._eks import GPU_TOLERATION, NEURON_TOLERATION, SYSTEM_LABEL, add_pod_identity
 from constructs_lib._props import props_from
+from trn_catalog import devices as device_modes
 from trn_catalog import versions
 from trn_catalog.workspace import GPU_NODE_TYPE, NODE_TYPE_LABEL
 
@@ -46,12 +47,20 @@ class NeuronPluginsProps:
             yours to match). Default None: off.
         system_node_labels: node labels that pick where the job engine's manager and the
             Neuron scheduler run, e.g. your system node group's. Default none: any node.
+        devices: ``plugin`` (default) installs the Neuron and EFA device plugins; ``dra``
+            installs the Neuron DRA driver (device plugin and scheduler extension off; the
+            chart creates the ``neuron.aws.com`` DeviceClass) and the ``aws-dranet`` EFA DRA
+            driver on the catalog's trn2/trn3 types (it creates ``efa.networking.k8s.aws``),
+            and keeps the EFA device plugin to the GPU catalog's types. The cluster must run
+            Kubernetes 1.34 or later with managed or self-managed node groups (not Karpenter
+            or EKS Auto Mode): yours to ensure on an imported cluster.
     """
 
     cluster: eks.ICluster
     job_engine: bool = True
     neuron_scheduler_tag: str | None = None
     system_node_labels: Mapping[str, str] = field(default_factory=dict)
+    devices: device_modes.DeviceMode = "plugin"
 
 
 class NeuronPlugins(Construct):
@@ -77,7 +86,9 @@ class NeuronPlugins(Construct):
 
     Raises:
         ValueError: ``cluster`` has no kubectl provider (neither made by CDK nor imported with
-            ``kubectl_provider``).
+            ``kubectl_provider``), ``devices`` is neither ``plugin`` nor ``dra``, or ``dra``
+            with ``neuron_scheduler_tag`` (the chart refuses the DRA driver beside the
+            scheduler extension).
     """
 
     def __init__(
@@ -97,6 +108,7 @@ class NeuronPlugins(Construct):
                 "charts; import it with kubectl_provider=eks.KubectlProvider."
                 "from_kubectl_provider_attributes(...) or pass a cluster made in this app"
             )
+        _check_devices(props)
         self.props = props
         self.cluster = cluster
         self.npd_role = add_pod_identity(
@@ -115,10 +127,14 @@ class NeuronPlugins(Construct):
         self.charts: dict[str, eks.HelmChart] = {
             versions.NEURON_CHART.release: self._chart(
                 versions.NEURON_CHART,
-                neuron_values(props.neuron_scheduler_tag, props.system_node_labels),
+                neuron_values(props.neuron_scheduler_tag, props.system_node_labels, props.devices),
             ),
-            versions.EFA_CHART.release: self._chart(versions.EFA_CHART, efa_values()),
+            versions.EFA_CHART.release: self._chart(versions.EFA_CHART, efa_values(props.devices)),
         }
+        if props.devices == "dra":
+            self.charts[versions.DRANET_CHART.release] = self._chart(
+                versions.DRANET_CHART, dranet_values()
+            )
         if props.job_engine:
             self.charts[versions.TRAINER_CHART.release] = self._chart(
                 versions.TRAINER_CHART, trainer_values(props.system_node_labels)
@@ -187,13 +203,31 @@ class NeuronPlugins(Construct):
         )
 
 
+def _check_devices(props: NeuronPluginsProps) -> None:
+    if props.devices not in device_modes.DEVICE_MODES:
+        raise ValueError(
+            f"devices {props.devices!r} is not allowed; use "
+            f"{' or '.join(device_modes.DEVICE_MODES)}"
+        )
+    if props.devices == "dra" and props.neuron_scheduler_tag is not None:
+        raise ValueError(
+            "devices 'dra' with neuron_scheduler_tag: the Neuron chart refuses its DRA driver "
+            "beside the scheduler extension; DRA places connected devices itself"
+        )
+
+
 def neuron_values(
-    scheduler_tag: str | None = None, node_selector: Mapping[str, str] = SYSTEM_LABEL
+    scheduler_tag: str | None = None,
+    node_selector: Mapping[str, str] = SYSTEM_LABEL,
+    devices: device_modes.DeviceMode = "plugin",
 ) -> dict[str, Any]:
-    """Values of the Neuron chart: the device plugin on the catalog's types, the node problem
-    detector with node recovery, and the scheduler extension only with ``scheduler_tag`` (the
-    kube-scheduler tag of ``my-scheduler``; off otherwise, where the chart would run its 1.31),
-    on the nodes of ``node_selector``."""
+    """Values of the Neuron chart: the device plugin on the catalog's types (or, with
+    ``devices='dra'``, the DRA driver instead), the node problem detector with node recovery,
+    and the scheduler extension only with ``scheduler_tag`` (the kube-scheduler tag of
+    ``my-scheduler``; off otherwise, where the chart would run its 1.31), on the nodes of
+    ``node_selector``."""
+    if devices == "dra":
+        return _neuron_dra_values()
     scheduler: dict[str, Any] = {"enabled": False}
     if scheduler_tag is not None:
         selector = {"nodeSelector": dict(node_selector)} if node_selector else {}
@@ -210,27 +244,76 @@ def neuron_values(
         "neuronInstances": sorted(trn_catalog.CATALOG),
         "devicePlugin": {"enabled": True, "tolerations": [NEURON_TOLERATION]},
         "scheduler": scheduler,
-        "npd": {
-            "enabled": True,
-            # Helm replaces lists: any list here is the detector's only tolerations.
-            "tolerations": [TOLERATE_ALL],
-            "nodeRecovery": {"enabled": True},
-        },
+        "npd": _npd_values(),
         "draDriver": {"enabled": False},
     }
 
 
-def efa_values() -> dict[str, Any]:
-    """Values of the EFA device plugin chart: the two catalogs' types, both taints tolerated."""
+def _npd_values() -> dict[str, Any]:
+    return {
+        "enabled": True,
+        # Helm replaces lists: any list here is the detector's only tolerations.
+        "tolerations": [TOLERATE_ALL],
+        "nodeRecovery": {"enabled": True},
+    }
+
+
+def _neuron_dra_values() -> dict[str, Any]:
+    """The Neuron chart with its DRA driver: device plugin and scheduler extension off (the
+    chart's validateConfig fails the render otherwise), the driver on the catalog's types (its
+    affinity comes from ``neuronInstances``; its default tolerations already include the
+    Neuron taint)."""
+    # The node problem detector and node recovery stay on under DRA. The chart's documented DRA
+    # install turns `npd` off but gives no reason, and nothing in chart 1.9.0 ties them to the
+    # device plugin: the detector only reads the kernel log (/dev/kmsg) for Neuron hardware
+    # errors and node recovery marks the instance unhealthy through Auto Scaling, so that the
+    # managed node group replaces it. DRA's own per-device health (device taints) is beta and
+    # not in chart 1.9.0; without the detector a broken DRA node would keep taking jobs.
+    return {
+        "neuronInstances": sorted(
+            name for name, spec in trn_catalog.CATALOG.items() if device_modes.supports_dra(spec)
+        ),
+        "devicePlugin": {"enabled": False},
+        "scheduler": {"enabled": False},
+        "npd": _npd_values(),
+        "draDriver": {"enabled": True},
+    }
+
+
+def efa_values(devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
+    """Values of the EFA device plugin chart: the two catalogs' types, both taints tolerated.
+    With ``devices='dra'`` the GPU catalog's types only: the trn nodes get their EFA interfaces
+    from aws-dranet, and the two must not share a node (EKS device-management-efa)."""
     # The chart's allowlist (v0.5.30) has no trn3 entry. Helm replaces
     # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
     # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
+    trn_types = trn_catalog.CATALOG if devices == "plugin" else {}
     return {
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
-            "values": sorted({*trn_catalog.CATALOG, *trn_catalog.GPU_CATALOG}),
+            "values": sorted({*trn_types, *trn_catalog.GPU_CATALOG}),
         },
         "tolerations": [NEURON_TOLERATION, GPU_TOLERATION],
+    }
+
+
+def dranet_values() -> dict[str, Any]:
+    """Values of the aws-dranet chart: the EFA DRA driver on the catalog's trn2/trn3 types,
+    tolerating the Neuron taint, with the chart's DeviceClass ``efa.networking.k8s.aws``."""
+    # The chart's own list already names trn2, trn2u and trn3.48xlarge; Helm replaces lists,
+    # so this one is the DRA-capable catalog types alone (trn3.48xlarge among them), keeping the
+    # driver off every other node, including the GPU group's, whose EFA the device plugin serves.
+    return {
+        "supportedInstanceLabels": {
+            "keys": ["node.kubernetes.io/instance-type"],
+            "values": sorted(
+                name
+                for name, spec in trn_catalog.CATALOG.items()
+                if device_modes.supports_dra(spec)
+            ),
+        },
+        "tolerations": [NEURON_TOLERATION],
+        "deviceClass": {"create": True, "name": device_modes.EFA_DEVICE_CLASS},
     }
 
 

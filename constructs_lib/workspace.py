@@ -20,6 +20,7 @@ from constructs_lib._eks import (
     install_addon,
 )
 from constructs_lib._props import props_from
+from trn_catalog import devices as device_modes
 from trn_catalog import neuron_stacks, versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
@@ -83,6 +84,12 @@ class TrainingWorkspaceProps:
         gpu_image_uri: the CUDA training image that runtime runs; required with
             ``gpu_instance_type``.
         gpu_nodes: default node count of a ``cuda-torch`` job. Default 1.
+        devices: how the trn pods get their devices: ``plugin`` (default: the device plugins'
+            ``aws.amazon.com/neuron`` and ``vpc.amazonaws.com/efa`` resources) or ``dra``
+            (ResourceClaimTemplates, see the class docstring). Match the cluster's.
+        lnc: the trn nodes' logical NeuronCore setting on the ``plugin`` path (the node
+            group's ``lnc``), passed to the trainer as ``NEURON_LOGICAL_NC_CONFIG``. Default
+            None: the type's default, not set. Not used with ``dra``.
     """
 
     cluster: eks.ICluster
@@ -101,6 +108,8 @@ class TrainingWorkspaceProps:
     gpu_instance_type: str | None = None
     gpu_image_uri: str | None = None
     gpu_nodes: int = 1
+    devices: device_modes.DeviceMode = "plugin"
+    lnc: int | None = None
 
 
 class TrainingWorkspace(Construct):
@@ -130,6 +139,16 @@ class TrainingWorkspace(Construct):
     with libfabric's EFA provider (``FI_PROVIDER=efa``, and ``FI_EFA_USE_DEVICE_RDMA=1`` on
     types with EFA RDMA) for NCCL's aws-ofi-nccl plugin.
 
+    With ``devices='dra'`` the trn pods ask for no extended resources: for each LNC (1 and 2)
+    the workspace writes ResourceClaimTemplates (``resource.k8s.io/v1``) for the whole node
+    (``neuron-node-lnc<n>``: all Neuron devices and all EFA interfaces, paired by one
+    ``matchAttribute`` constraint on ``resource.aws.com/devicegroup<chips>_id``) and for 4 and 8
+    connected devices with their EFA interfaces (``neuron-4-lnc<n>``, ``neuron-8-lnc<n>``),
+    each with the ``NeuronConfig`` opaque parameters that set the LNC; and one TrainingRuntime
+    per LNC whose pod template claims the whole node (``neuron-torch`` at the type's default
+    LNC, ``neuron-torch-lnc1``), with ``NEURON_LOGICAL_NC_CONFIG`` to match. Kubeflow Trainer
+    2.3.0 cannot patch claims per job, so a job picks its LNC by picking the runtime.
+
     Attributes:
         manifest (the KubernetesManifest), mountpoint_addon, fsx_claim, datasets_claim,
         runtime_name, gpu_spec (None without a GPU type).
@@ -138,7 +157,9 @@ class TrainingWorkspace(Construct):
         ValueError: a namespace or service account name that is not a DNS label, an instance
             type outside the catalog, nodes below 1, a ``neuron_stack`` that is unknown or
             cannot run on the instance type (native on trn1), a ``gpu_instance_type`` outside
-            the GPU catalog, one without ``gpu_image_uri``, or gpu_nodes below 1.
+            the GPU catalog, one without ``gpu_image_uri``, gpu_nodes below 1, ``devices``
+            neither ``plugin`` nor ``dra``, ``dra`` on a type the Neuron DRA driver does not
+            serve (trn1), or an ``lnc`` with ``dra`` or on a type without the setting.
     """
 
     def __init__(
@@ -162,6 +183,7 @@ class TrainingWorkspace(Construct):
         except trn_catalog.UnknownInstanceTypeError as error:
             raise ValueError(f"instance_type: {error}") from None
         _check_stack(props.neuron_stack, props.instance_type)
+        _check_devices(props, self.spec)
         self.gpu_spec = _gpu_spec(props)
         self.props = props
         self.runtime_name = RUNTIME_NAME
@@ -262,8 +284,30 @@ class TrainingWorkspace(Construct):
                 },
             },
             _claim(DATASETS_CLAIM, namespace, f"{namespace}-datasets-s3", "ReadOnlyMany", "1200Gi"),
-            self.training_runtime(),
+            *self.claim_templates(),
+            *self.training_runtimes(),
             *([self.gpu_training_runtime()] if self.gpu_spec is not None else []),
+        ]
+
+    def claim_templates(self) -> list[dict[str, Any]]:
+        """The ResourceClaimTemplates of ``devices='dra'`` (none with ``plugin``)."""
+        if self.props.devices != "dra":
+            return []
+        return [
+            device_modes.claim_template(self.spec, size, lnc, self.props.namespace)
+            for lnc in device_modes.LNC_VALUES
+            for size in device_modes.claim_sizes(self.spec)
+        ]
+
+    def training_runtimes(self) -> list[dict[str, Any]]:
+        """The trn TrainingRuntimes: ``neuron-torch``, and with ``dra`` one more per other LNC."""
+        if self.props.devices != "dra":
+            return [self.training_runtime()]
+        return [
+            self._runtime(
+                device_modes.runtime_name(self.spec, lnc), self.props.nodes, self.pod_spec(lnc)
+            )
+            for lnc in device_modes.LNC_VALUES
         ]
 
     def training_runtime(self) -> dict[str, Any]:
@@ -312,25 +356,40 @@ class TrainingWorkspace(Construct):
             },
         }
 
-    def pod_spec(self) -> dict[str, Any]:
-        """The pod of one trn node in a job: all its devices, EFA, storage and identity."""
+    def pod_spec(self, lnc: int | None = None) -> dict[str, Any]:
+        """The pod of one trn node in a job: all its devices, EFA, storage and identity. With
+        ``devices='dra'`` the devices come from the whole-node claim template of ``lnc``
+        (default: the type's default LNC)."""
         props, spec = self.props, self.spec
-        resources = {
-            "aws.amazon.com/neuron": spec.chips,
-            **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
-        }
+        dra = props.devices == "dra"
+        node = _node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus)
+        if dra:
+            node.pop("vpc.amazonaws.com/efa")
+            resources = node
+            lnc = spec.default_lnc if lnc is None else lnc
+        else:
+            resources = {"aws.amazon.com/neuron": spec.chips, **node}
+            lnc = props.lnc
         env = [
             {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
             {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
             {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": NEFF_CACHE_DIR},
+            *([{"name": device_modes.LNC_ENV, "value": str(lnc)}] if lnc is not None else []),
         ]
-        return self._pod(
+        pod = self._pod(
             props.image_uri,
             {NODE_TYPE_LABEL: TRAINIUM_NODE_TYPE, INSTANCE_TYPE_LABEL: props.instance_type},
             NEURON_TOLERATION,
             env,
             resources,
         )
+        if dra and lnc is not None:
+            template = device_modes.claim_template_name(spec, spec.chips, lnc)
+            pod["resourceClaims"] = [
+                {"name": device_modes.POD_CLAIM, "resourceClaimTemplateName": template}
+            ]
+            pod["containers"][0]["resources"]["claims"] = [{"name": device_modes.POD_CLAIM}]
+        return pod
 
     def gpu_pod_spec(self) -> dict[str, Any]:
         """The pod of one GPU node in a ``cuda-torch`` job: all its GPUs, EFA, the same storage
@@ -429,6 +488,29 @@ def _gpu_spec(props: TrainingWorkspaceProps) -> trn_catalog.GpuInstanceSpec | No
     if props.gpu_nodes < 1:
         raise ValueError(f"gpu_nodes {props.gpu_nodes} is not allowed; use 1 or more")
     return spec
+
+
+def _check_devices(props: TrainingWorkspaceProps, spec: trn_catalog.InstanceSpec) -> None:
+    if props.devices not in device_modes.DEVICE_MODES:
+        raise ValueError(
+            f"devices {props.devices!r} is not allowed; use "
+            f"{' or '.join(device_modes.DEVICE_MODES)}"
+        )
+    if props.devices == "dra" and not device_modes.supports_dra(spec):
+        raise ValueError(
+            f"devices 'dra': the Neuron DRA driver serves trn2 and trn3 types, not "
+            f"{props.instance_type}"
+        )
+    if props.lnc is None:
+        return
+    if props.devices == "dra":
+        raise ValueError(
+            "lnc is a node setting of devices 'plugin'; with 'dra' each job picks its LNC by "
+            "its runtime"
+        )
+    problem = device_modes.lnc_problem(spec, props.lnc)
+    if problem:
+        raise ValueError(f"lnc {props.lnc!r} is not allowed: {problem}")
 
 
 def _check_stack(stack: str | None, instance_type: str) -> None:

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Literal
 
 import trn_catalog
+from trn_catalog.devices import DeviceMode
 
 EnvName = Literal["dev", "prod", "preview"]
 CapacityMode = Literal["on-demand", "capacity-block", "odcr"]
@@ -88,7 +89,11 @@ class NodeCapacity:
 
 @dataclass(frozen=True)
 class TrnCapacity(NodeCapacity):
-    """The Trainium node capacity."""
+    """The Trainium node capacity; ``lnc`` is the node group's logical NeuronCore setting on the
+    device-plugin path (None: the type's default, and always None under DRA, where each job
+    picks its own)."""
+
+    lnc: int | None = None
 
     @property
     def spec(self) -> trn_catalog.InstanceSpec:
@@ -133,6 +138,8 @@ class PlatformConfig:
     budget_usd: int | None = None
     # The GPU node group (None unless gpu_instance_type is set).
     gpu: GpuCapacity | None = None
+    # How Neuron and EFA devices reach pods: device plugins, or Dynamic Resource Allocation.
+    devices: DeviceMode = "plugin"
 
     @property
     def env(self) -> EnvName:

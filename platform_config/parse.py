@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -25,7 +26,8 @@ from platform_config.model import (
     Profile,
     TrnCapacity,
 )
-from trn_catalog import formats
+from trn_catalog import devices as device_modes
+from trn_catalog import formats, versions
 from trn_catalog import fsx as fsx_limits
 from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, PREVIEW_REGIONS
 
@@ -50,8 +52,15 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "gpu_nodes",
     "gpu_capacity",
     "gpu_capacity_reservation_id",
+    "devices",
+    "lnc",
 )
-GPU_KEYS: tuple[str, ...] = CONTEXT_KEYS[-4:]
+GPU_KEYS: tuple[str, ...] = (
+    "gpu_instance_type",
+    "gpu_nodes",
+    "gpu_capacity",
+    "gpu_capacity_reservation_id",
+)
 
 # Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
 # offers Trn2 today. A real deploy passes -c account=... -c region=... -c availability_zone=...
@@ -225,6 +234,50 @@ def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
     )
 
 
+def _devices(
+    reader: _Reader, instance_type: str, kubernetes_version: str
+) -> device_modes.DeviceMode:
+    """The device-management mode; ``dra`` needs a Kubernetes version with DRA and a type the
+    Neuron DRA driver serves. The platform's node groups are EKS managed node groups, which
+    DRA supports (Karpenter and EKS Auto Mode, which it does not, are not used here)."""
+    mode: device_modes.DeviceMode = reader.choice(
+        "devices", device_modes.DEFAULT_DEVICE_MODE, device_modes.DEVICE_MODES
+    )
+    if mode != "dra":
+        return mode
+    problem = device_modes.kubernetes_problem(kubernetes_version)
+    reader.check(problem is None, "devices", mode, str(problem))
+    spec = trn_catalog.CATALOG.get(instance_type)
+    reader.check(
+        spec is None or device_modes.supports_dra(spec),
+        "devices",
+        mode,
+        f"the Neuron DRA driver serves trn2 and trn3 types; instance_type is {instance_type}",
+    )
+    return mode
+
+
+def _lnc(reader: _Reader, instance_type: str, mode: device_modes.DeviceMode) -> int | None:
+    """The node group's LNC on the device-plugin path, validated for the instance type."""
+    if reader.raw("lnc") is None:
+        return None
+    lnc = reader.integer("lnc", None, 1, 2)
+    if lnc is None:
+        return None
+    if mode == "dra":
+        reader.fail(
+            "lnc",
+            reader.raw("lnc"),
+            "only used with devices 'plugin' (a node setting); with devices 'dra' each job "
+            "picks its LNC (trnctl job submit --lnc)",
+        )
+        return None
+    spec = trn_catalog.CATALOG.get(instance_type)
+    problem = None if spec is None else device_modes.lnc_problem(spec, lnc)
+    reader.check(problem is None, "lnc", reader.raw("lnc"), str(problem))
+    return lnc if problem is None else None
+
+
 def _capacity(
     reader: _Reader, capacity_key: str, reservation_key: str
 ) -> tuple[CapacityMode, str | None]:
@@ -374,7 +427,12 @@ def _budget_email(reader: _Reader, preview: str | None) -> str | None:
     return email
 
 
-def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> PlatformConfig:
+def parse_config(
+    context: Mapping[str, Any],
+    *,
+    now: datetime | None = None,
+    kubernetes_version: str = versions.KUBERNETES_VERSION,
+) -> PlatformConfig:
     """Build a validated :class:`PlatformConfig` from CDK context.
 
     Args:
@@ -382,6 +440,8 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
             :data:`CONTEXT_KEYS` are ignored unless they look like a misspelling of one.
         now: the time a preview's ``ttl_hours`` count from (timezone-aware); without it a
             preview gets no ``expires_at``.
+        kubernetes_version: the cluster's Kubernetes version (default: the pinned one), which
+            ``devices=dra`` needs to be 1.34 or later.
 
     Raises:
         ConfigError: one or more values are invalid; its message lists every problem with the
@@ -400,6 +460,8 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
     )
     ttl_hours = _preview_ttl(reader, preview)
     trn = _trn(reader, profile)
+    devices = _devices(reader, trn.instance_type, kubernetes_version)
+    trn = replace(trn, lnc=_lnc(reader, trn.instance_type, devices))
     config = PlatformConfig(
         account=account,
         region=region,
@@ -418,6 +480,7 @@ def parse_config(context: Mapping[str, Any], *, now: datetime | None = None) -> 
             "expected an IAM role ARN such as arn:aws:iam::123456789012:role/Admin",
         ),
         gpu=_gpu(reader),
+        devices=devices,
     )
     if reader.problems:
         raise ConfigError(reader.problems)

@@ -11,6 +11,7 @@ from constructs import Construct
 from constructs_lib import GpuNodeGroup, NeuronCluster, NeuronClusterProps, TrainingNetwork
 from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
+from trn_catalog import devices as device_modes
 
 
 class ClusterStack(Stack):
@@ -41,16 +42,29 @@ class ClusterStack(Stack):
                 cluster_name=config.name,
                 admin_role_arn=config.admin_role_arn,
                 removal_policy=removal_policy(config),
+                devices=config.devices,
             ),
         )
         self.trainium = self.neuron_cluster.add_trainium_nodegroup(
-            "Trainium", **_group_props(config.trn, network, f"{config.name}-trn")
+            "Trainium",
+            **_group_props(config.trn, network, f"{config.name}-trn"),
+            lnc=config.trn.lnc,
+            labels=_device_labels(config),
         )
         self.gpu: GpuNodeGroup | None = None
         if config.gpu is not None:
             self.gpu = self.neuron_cluster.add_gpu_nodegroup(
                 "Gpu", **_group_props(config.gpu, network, f"{config.name}-gpu")
             )
+
+
+def _device_labels(config: PlatformConfig) -> dict[str, str]:
+    """How the trn nodes' devices are managed and their LNC, for trnctl preflight to read."""
+    lnc = config.trn.lnc or config.trn.spec.default_lnc
+    return {
+        device_modes.DEVICES_LABEL: config.devices,
+        device_modes.LNC_LABEL: device_modes.LNC_PER_JOB if config.devices == "dra" else str(lnc),
+    }
 
 
 def _group_props(

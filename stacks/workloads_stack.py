@@ -61,6 +61,8 @@ class WorkloadsStack(Stack):
                 gpu_instance_type=config.gpu.instance_type if config.gpu else None,
                 gpu_image_uri=image.cuda_image_uri,
                 gpu_nodes=max(config.gpu.nodes, 1) if config.gpu else 1,
+                devices=config.devices,
+                lnc=config.trn.lnc,
             ),
         )
         # Charts install the device plugins and the job engine the workspace's jobs rely on.
@@ -85,6 +87,8 @@ class WorkloadsStack(Stack):
             service_account=self.workspace.props.service_account,
             instance_type=config.trn.instance_type,
             trn_nodes=config.trn.nodes,
+            devices=config.devices,
+            lnc=0 if config.devices == "dra" else config.trn.lnc or config.trn.spec.default_lnc,
             **_gpu_outputs(config, gpu, image),
         )
         self.parameter = ssm.StringParameter(

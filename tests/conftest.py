@@ -36,8 +36,9 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 
 # Variants the security gate and the template tests cover: every profile, EFA FSx, the
-# reservation-based capacity modes, and a GPU node group beside the trn nodes (the per-type and
-# per-capacity GPU templates are construct-level, tests/infra/test_gpu_nodegroup.py).
+# reservation-based capacity modes, a GPU node group beside the trn nodes (the per-type and
+# per-capacity GPU templates are construct-level, tests/infra/test_gpu_nodegroup.py), and devices
+# by DRA on the default trn3 type (trn2 under DRA: tests/infra/test_dra.py).
 VARIANTS: dict[str, dict[str, str]] = {
     "dev": {},
     "prod": {"env": "prod"},
@@ -55,6 +56,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "admin_role_arn": "arn:aws:iam::123456789012:role/PlatformAdmin",
     },
     "gpu": {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "2"},
+    "dra": {"devices": "dra"},
 }
 
 

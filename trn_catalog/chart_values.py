@@ -477,7 +477,47 @@ NVIDIA_DEVICE_PLUGIN = ChartValues(
     },
 )
 
+# aws/eks-charts at commit c043cef4 (Chart.yaml version 1.0.0, appVersion v1.2.0-eksbuild.2),
+# the only commit of the chart. The DaemonSet's node affinity is built from
+# supportedInstanceLabels; it always tolerates CriticalAddonsOnly and adds `tolerations`.
+DRANET = ChartValues(
+    chart="aws-dranet",
+    version="1.0.0",
+    source=(
+        "aws/eks-charts@c043cef46c7e50a71094e50b43b8225322a750ff stable/aws-dranet/values.yaml"
+    ),
+    keys={
+        "image": MAP,
+        "image.repository": STRING,
+        "image.tag": STRING,
+        "image.pullPolicy": STRING,
+        "securityContext": FREE,
+        "resources": FREE,
+        "serviceAccount": MAP,
+        "serviceAccount.create": BOOL,
+        "serviceAccount.name": STRING,
+        "tolerations": LIST,
+        "supportedInstanceLabels": MAP,
+        "supportedInstanceLabels.keys": LIST,
+        "supportedInstanceLabels.values": LIST,
+        "nodeSelector": FREE,
+        "podAnnotations": FREE,
+        "podLabels": FREE,
+        "nameOverride": STRING,
+        "fullnameOverride": STRING,
+        "imagePullSecrets": LIST,
+        "updateStrategy": FREE,
+        "priorityClassName": STRING,
+        "deviceClass": MAP,
+        "deviceClass.create": BOOL,
+        "deviceClass.name": STRING,
+        "healthPort": NUMBER,
+        "verbosity": NUMBER,
+        "filter": STRING,
+    },
+)
+
 # By chart name, as ChartPin.chart names them.
 CHARTS: Mapping[str, ChartValues] = {
-    c.chart: c for c in (NEURON, EFA, TRAINER, NVIDIA_DEVICE_PLUGIN)
+    c.chart: c for c in (NEURON, EFA, TRAINER, NVIDIA_DEVICE_PLUGIN, DRANET)
 }

@@ -92,6 +92,12 @@ class EnvironmentOutputs:
     gpu_nodes: int = 0
     gpu_image_uri: str = ""
     gpu_runtime: str = ""
+    # How the trn nodes get their devices ("plugin" or "dra", trn_catalog.devices) and, on the
+    # plugin path, the nodes' logical NeuronCore setting (0: per job, under DRA). Outputs
+    # written before these keys existed were device-plugin environments at the type's default
+    # LNC: 0 there means "the type's default".
+    devices: str = "plugin"
+    lnc: int = 0
 
     @property
     def has_gpu(self) -> bool:

@@ -162,6 +162,23 @@ NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(
     ),
 )
 
-# Every cluster installs CHARTS; a cluster with a GPU node group also installs GPU_CHARTS.
+# Installed only with devices=dra: the EFA DRA driver (kubernetes-sigs/dranet built by EKS). Its
+# README asks for Kubernetes 1.35+, the EKS user guide (device-management-efa) for 1.34+.
+DRANET_CHART = ChartPin(
+    release="aws-dranet",
+    chart="aws-dranet",
+    repository="https://aws.github.io/eks-charts",
+    version="1.0.0",
+    namespace="kube-system",
+    source=(
+        "aws/eks-charts@c043cef46c7e50a71094e50b43b8225322a750ff stable/aws-dranet (2026-04-30, "
+        "the chart's only commit): chart 1.0.0, image dranet v1.2.0-eksbuild.2; creates the "
+        "DeviceClass efa.networking.k8s.aws"
+    ),
+)
+
+# Every cluster installs CHARTS; a cluster with a GPU node group also installs GPU_CHARTS, and a
+# cluster with devices=dra also DRA_CHARTS.
 CHARTS: tuple[ChartPin, ...] = (NEURON_CHART, EFA_CHART, TRAINER_CHART)
 GPU_CHARTS: tuple[ChartPin, ...] = (NVIDIA_DEVICE_PLUGIN_CHART,)
+DRA_CHARTS: tuple[ChartPin, ...] = (DRANET_CHART,)

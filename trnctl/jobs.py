@@ -24,6 +24,7 @@ import yaml
 
 import trn_catalog
 from trn_catalog import crds
+from trn_catalog import devices as device_modes
 from trn_catalog import workspace as ws
 from trn_catalog.gpu_instances import GpuInstanceSpec
 from trn_catalog.instances import InstanceSpec
@@ -232,6 +233,7 @@ def render_command(
     image: str | None = None,
     labels: Mapping[str, str] | None = None,
     target: str = TRN,
+    lnc: int | None = None,
 ) -> dict[str, Any]:
     """A TrainJob on the runtime of ``target`` (see :func:`render`) that runs ``command``
     through the image's entrypoint (``entrypoint.py --exec [--workdir DIR] -- COMMAND...``): the
@@ -253,6 +255,7 @@ def render_command(
         labels={PURPOSE_LABEL: "command", **(labels or {})},
         env=command.env(name),
         target=target,
+        lnc=lnc,
     )
 
 
@@ -350,12 +353,15 @@ def render(
     labels: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     target: str = TRN,
+    lnc: int | None = None,
 ) -> dict[str, Any]:
     """A TrainJob on the environment's runtime for ``target``, checked against the schema: on
     ``trn`` the ``neuron-torch`` runtime with one rank per logical NeuronCore of the
-    environment's instance type; on ``gpu`` the GPU group's runtime (``cuda-torch``) with the
-    CUDA image, one rank per GPU of the GPU instance type and ``TRN_GPU_INSTANCE_TYPE`` naming
-    it (the runtime already sets it: the same value; the job names it for its reader).
+    environment's instance type at ``lnc`` (see :func:`job_lnc`: under DRA the runtime of that
+    LNC, ``neuron-torch-lnc1`` for 1 on trn2/trn3); on ``gpu`` the GPU group's runtime
+    (``cuda-torch``) with the CUDA image, one rank per GPU of the GPU instance type and
+    ``TRN_GPU_INSTANCE_TYPE`` naming it (the runtime already sets it: the same value; the job
+    names it for its reader).
 
     Args:
         name: the job's name (checked with :func:`validate_name`).
@@ -369,23 +375,33 @@ def render(
         env: environment variables for the training container (Kubeflow Trainer merges them
             with the runtime's).
         target: ``trn`` (default) or ``gpu``.
+        lnc: the logical NeuronCore setting of a ``trn`` job (``--lnc``); default: the
+            environment's (the nodes' on the device-plugin path, the type's default under DRA).
 
     Raises:
-        TrnctlError: USAGE for a bad name, node count or target, or ``gpu`` in an environment
-            without a GPU group; FAILED for an instance type outside the catalog, or if the
-            result breaks the TrainJob schema (a bug here, or a schema the cluster's chart no
-            longer matches).
+        TrnctlError: USAGE for a bad name, node count or target, ``gpu`` in an environment
+            without a GPU group, or an ``lnc`` the environment cannot run (:func:`job_lnc`);
+            FAILED for an instance type outside the catalog, or if the result breaks the
+            TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
     """
     validate_name(name)
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
     require_target(outputs, target)
     job_env = dict(env or {})
+    runtime = runtime_name(outputs, target)
     if target == GPU:
+        if lnc is not None:
+            raise TrnctlError(
+                f"--lnc {lnc}: LNC is a Trainium setting; leave it out for --target gpu"
+            )
         default_image, ranks = outputs.gpu_image_uri, gpu_ranks_per_node(outputs)
         job_env[ws.GPU_INSTANCE_TYPE_ENV] = outputs.gpu_instance_type
     else:
-        default_image, ranks = outputs.image_uri, ranks_per_node(outputs)
+        chosen = job_lnc(outputs, lnc)
+        default_image, ranks = outputs.image_uri, ranks_per_node(outputs, chosen)
+        if outputs.devices == "dra":
+            runtime = device_modes.runtime_name(_trn_spec(outputs), chosen)
     trainer: dict[str, Any] = {
         "image": image or default_image,
         "numNodes": nodes,
@@ -406,7 +422,7 @@ def render(
         },
         "spec": {
             "runtimeRef": {
-                "name": runtime_name(outputs, target),
+                "name": runtime,
                 "apiGroup": ws.TRAINER_API_GROUP,
                 "kind": "TrainingRuntime",
             },
@@ -495,19 +511,56 @@ def gpu_ranks_per_node(outputs: EnvironmentOutputs) -> int:
     return gpu_spec_of(outputs).gpus
 
 
-def ranks_per_node(outputs: EnvironmentOutputs) -> int:
+def ranks_per_node(outputs: EnvironmentOutputs, lnc: int | None = None) -> int:
     """The TrainJob's ``numProcPerNode``: the catalog's logical NeuronCores of the environment's
-    instance type.
+    instance type at ``lnc`` (default: the environment's, :func:`job_lnc`).
 
     Raises:
         TrnctlError: FAILED, the instance type is not in the catalog.
     """
+    spec = _trn_spec(outputs)
+    return device_modes.logical_cores(spec, job_lnc(outputs, lnc) if lnc is None else lnc)
+
+
+def _trn_spec(outputs: EnvironmentOutputs) -> InstanceSpec:
     try:
-        return trn_catalog.get(outputs.instance_type).logical_neuron_cores
+        return trn_catalog.get(outputs.instance_type)
     except trn_catalog.UnknownInstanceTypeError as error:
         raise TrnctlError(
             f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
         ) from None
+
+
+def node_lnc(outputs: EnvironmentOutputs) -> int:
+    """The trn nodes' LNC on the device-plugin path: the outputs' ``lnc``, else (0, and under
+    DRA) the type's default."""
+    return outputs.lnc or _trn_spec(outputs).default_lnc
+
+
+def job_lnc(outputs: EnvironmentOutputs, lnc: int | None) -> int:
+    """The LNC a trn job runs at: ``lnc`` (``--lnc``) when given, else the environment's.
+
+    Under DRA each job picks it (the runtime's claim sets it on the devices); on the
+    device-plugin path it is the nodes' setting, so ``--lnc`` must name that one.
+
+    Raises:
+        TrnctlError: USAGE, naming ``--lnc``: a type without the setting (trn1), a value other
+            than 1 or 2, or another LNC than the nodes' on the device-plugin path; FAILED for a
+            type outside the catalog.
+    """
+    spec = _trn_spec(outputs)
+    if lnc is None:
+        return node_lnc(outputs)
+    problem = device_modes.lnc_problem(spec, lnc)
+    if problem:
+        raise TrnctlError(f"--lnc {lnc}: {problem}")
+    if outputs.devices != "dra" and lnc != node_lnc(outputs):
+        raise TrnctlError(
+            f"--lnc {lnc}: the trn nodes of {outputs.environment} run LNC {node_lnc(outputs)} "
+            "(devices 'plugin': LNC is the node group's setting); redeploy with -c lnc="
+            f"{lnc}, or with -c devices=dra to choose it per job"
+        )
+    return lnc
 
 
 def check_schema(job: Mapping[str, Any]) -> None:
@@ -565,9 +618,29 @@ def runtime_drift(runtime: Mapping[str, Any], spec: InstanceSpec | GpuInstanceSp
     if env.get(variable) != spec.name:
         problems.append(f"{variable} {env.get(variable)} (catalog: {spec.name})")
     limits = (container.get("resources") or {}).get("limits") or {}
+    if pod.get("resourceClaims"):
+        # DRA: the devices and EFA interfaces come from the claim, not from extended resources.
+        return problems + _claim_drift(pod, container, limits)
     for resource, count in {**devices, "vpc.amazonaws.com/efa": spec.efa_interfaces}.items():
         if str(limits.get(resource)) != str(count):
             problems.append(f"{resource} {limits.get(resource)} (catalog: {count})")
+    if "hugepages-2Mi" not in limits:
+        problems.append("no hugepages-2Mi (EFA needs them)")
+    return problems
+
+
+def _claim_drift(
+    pod: Mapping[str, Any], container: Mapping[str, Any], limits: Mapping[str, Any]
+) -> list[str]:
+    """Whether a DRA runtime's trainer container uses the pod's device claim and asks for the
+    EFA huge pages."""
+    problems = []
+    pod_claims = {c.get("name") for c in pod.get("resourceClaims") or []}
+    used = {c.get("name") for c in (container.get("resources") or {}).get("claims") or []}
+    if not pod_claims & used:
+        problems.append(
+            f"its {ws.TRAINER_CONTAINER!r} container uses none of the pod's resource claims"
+        )
     if "hugepages-2Mi" not in limits:
         problems.append("no hugepages-2Mi (EFA needs them)")
     return problems

@@ -13,6 +13,8 @@ from typing import Any
 
 import trn_catalog
 from trn_catalog import InstanceSpec
+from trn_catalog import devices as device_modes
+from trn_catalog.outputs import EnvironmentOutputs
 
 # "Running On-Demand Trn instances", counted in vCPUs. The code is the one public infrastructure
 # repositories use (docs/platform-facts.md, "Deployment pins"); no AWS page lists it, so the
@@ -268,6 +270,84 @@ def run(ec2: Any, quotas: Any, request: Request) -> list[Check]:
         *check_network(described, spec, request),
         check_quota(quotas, request, vcpus_of(described, spec)),
         check_reservations(ec2, request),
+    ]
+
+
+def check_devices(outputs: EnvironmentOutputs) -> list[Check]:
+    """How the environment's trn nodes get their devices and their logical NeuronCore setting,
+    from its outputs: ``devices`` (``plugin`` or ``dra``) and, on the plugin path, the nodes'
+    LNC; a mode or LNC the instance type cannot run fails."""
+    spec = trn_catalog.CATALOG.get(outputs.instance_type)
+    if spec is None:
+        return [
+            Check(
+                "device management",
+                Status.FAIL,
+                f"{outputs.instance_type} is not in the catalog",
+                "redeploy with a catalog type",
+            )
+        ]
+    if outputs.devices == "dra":
+        return _dra_checks(spec)
+    if outputs.devices != "plugin":
+        return [
+            Check(
+                "device management",
+                Status.FAIL,
+                f"unknown mode {outputs.devices!r} in the environment's outputs",
+                "redeploy the workloads stack with this platform version",
+            )
+        ]
+    lnc = outputs.lnc or spec.default_lnc
+    mode = Check(
+        "device management",
+        Status.PASS,
+        "plugin: Neuron and EFA device plugins (aws.amazon.com/neuron, vpc.amazonaws.com/efa)",
+    )
+    if not device_modes.supports_lnc(spec):
+        return [mode, Check("LNC", Status.PASS, f"none on {spec.name}: one rank per NeuronCore")]
+    problem = device_modes.lnc_problem(spec, lnc)
+    if problem:
+        return [mode, Check("LNC", Status.FAIL, problem, "redeploy with -c lnc=1 or -c lnc=2")]
+    ranks = device_modes.logical_cores(spec, lnc)
+    return [
+        mode,
+        Check(
+            "LNC",
+            Status.PASS,
+            f"{lnc} on every node (node group setting): {ranks} ranks per node",
+        ),
+    ]
+
+
+def _dra_checks(spec: InstanceSpec) -> list[Check]:
+    if not device_modes.supports_dra(spec):
+        return [
+            Check(
+                "device management",
+                Status.FAIL,
+                f"dra, but the Neuron DRA driver does not serve {spec.name}",
+                "redeploy with -c devices=plugin, or a trn2/trn3 type",
+            )
+        ]
+    per_lnc = ", ".join(
+        f"{lnc} ({device_modes.logical_cores(spec, lnc)} ranks per node, runtime "
+        f"{device_modes.runtime_name(spec, lnc)})"
+        for lnc in device_modes.LNC_VALUES
+    )
+    return [
+        Check(
+            "device management",
+            Status.PASS,
+            f"dra: Neuron DRA driver and aws-dranet (DeviceClasses "
+            f"{device_modes.NEURON_DEVICE_CLASS}, {device_modes.EFA_DEVICE_CLASS}); the Neuron "
+            "DRA driver is beta",
+        ),
+        Check(
+            "LNC",
+            Status.PASS,
+            f"per job (trnctl job submit --lnc): {per_lnc}; default {spec.default_lnc}",
+        ),
     ]
 
 

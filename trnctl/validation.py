@@ -48,6 +48,14 @@ def render(
     )
 
 
+def device_note(outputs: EnvironmentOutputs) -> str:
+    """How the environment's trn nodes get their devices and the LNC the validation job runs
+    at, e.g. ``devices dra, LNC 2 (per job)`` or ``devices plugin, LNC 1 (node setting)``."""
+    lnc = jobs.job_lnc(outputs, None)
+    where = "per job" if outputs.devices == "dra" else "node setting"
+    return f"devices {outputs.devices}, LNC {lnc} ({where})"
+
+
 @dataclass(frozen=True)
 class NodeResult:
     """What one node's pod reported (``report`` None: no usable line), and the verdict."""

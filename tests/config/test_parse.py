@@ -238,6 +238,8 @@ def test_context_keys_are_the_documented_names() -> None:
         "gpu_nodes",
         "gpu_capacity",
         "gpu_capacity_reservation_id",
+        "devices",
+        "lnc",
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from kube_objects import helm_values
 
 from constructs_lib.cluster import neuron_values, nvidia_device_plugin_values
+from constructs_lib.plugins import dranet_values, efa_values
 from tests.conftest import VARIANTS, Synth
 from trn_catalog import chart_values, versions
 
@@ -19,8 +20,10 @@ def test_every_chart_value_is_a_key_of_the_pinned_chart(
     synth_variant: Callable[[str], Synth], variant: str
 ) -> None:
     installed = list(helm_values(synth_variant(variant).templates))
-    pins = versions.CHARTS + (
-        versions.GPU_CHARTS if "gpu_instance_type" in VARIANTS[variant] else ()
+    pins = (
+        versions.CHARTS
+        + (versions.GPU_CHARTS if "gpu_instance_type" in VARIANTS[variant] else ())
+        + (versions.DRA_CHARTS if VARIANTS[variant].get("devices") == "dra" else ())
     )
     assert sorted(chart for chart, _, _ in installed) == sorted(p.chart for p in pins)
     for chart, version, values in installed:
@@ -39,7 +42,7 @@ def stale_value_lists(pins: tuple[versions.ChartPin, ...]) -> list[str]:
 
 
 def test_the_key_lists_are_of_the_pinned_chart_versions() -> None:
-    assert stale_value_lists(versions.CHARTS + versions.GPU_CHARTS) == []
+    assert stale_value_lists(versions.CHARTS + versions.GPU_CHARTS + versions.DRA_CHARTS) == []
 
 
 def test_the_nvidia_device_plugin_values_are_chart_keys_and_a_wrong_key_fails() -> None:
@@ -103,6 +106,20 @@ def test_trainer_and_efa_keys_are_checked_too() -> None:
     ]
     assert chart_values.EFA.problems({"supportedInstanceTypes": []}) == [
         "supportedInstanceTypes: not a value of aws-efa-k8s-device-plugin v0.5.30"
+    ]
+
+
+def test_the_dra_values_are_chart_keys_and_the_charts_own_keys_are_checked() -> None:
+    assert chart_values.NEURON.problems(neuron_values(devices="dra")) == []
+    assert chart_values.DRANET.problems(dranet_values()) == []
+    assert chart_values.EFA.problems(efa_values("dra")) == []
+    # The EFA device plugin's name for the allowlist is not aws-dranet's, and its DeviceClass
+    # switch is deviceClass.create.
+    assert chart_values.DRANET.problems(
+        {"supportedInstanceTypes": [], "deviceClass": {"enabled": True}}
+    ) == [
+        "supportedInstanceTypes: not a value of aws-dranet 1.0.0",
+        "deviceClass.enabled: not a value of aws-dranet 1.0.0",
     ]
 
 

@@ -32,6 +32,8 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         service_account=workspace.service_account,
         instance_type=workspace.instance_type,
         trn_nodes=workspace.nodes,
+        devices=synth.platform.workloads.outputs.devices,
+        lnc=synth.platform.workloads.outputs.lnc,
         **gpu_outputs(workspace),
     )
     name = jobs.generated_name("train", "125m", NOW)
@@ -61,6 +63,7 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         name=run_name, outputs=outputs, nodes=workspace.nodes, command=command
     )
     objects = [
+        *lnc_objects(outputs, name),
         Applied("trnctl job submit", train),
         Applied("trnctl job submit --model --lora-rank", fine_tune),
         Applied("trnctl job submit -- COMMAND", own_code),
@@ -85,6 +88,22 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
             Applied("trnctl job submit --target gpu -- COMMAND", gpu_code),
         ]
     return objects
+
+
+def lnc_objects(outputs: Any, name: str) -> list[Applied]:
+    """Under DRA, the job `trnctl job submit --lnc 1` creates (on the neuron-torch-lnc1
+    runtime)."""
+    if outputs.devices != "dra":
+        return []
+    job = jobs.render(
+        name=name,
+        outputs=outputs,
+        nodes=outputs.trn_nodes,
+        args=jobs.TrainingArgs("125m", "corpus", max_steps=100).argv(name),
+        labels={jobs.PRESET_LABEL: "125m"},
+        lnc=1,
+    )
+    return [Applied("trnctl job submit --lnc 1", job)]
 
 
 def gpu_outputs(workspace: Any) -> dict[str, Any]:
@@ -133,7 +152,10 @@ def test_every_object_conforms_to_the_pinned_apis(
         "trnctl job export",
         "trnctl validate",
         *(gpu if "gpu_instance_type" in VARIANTS[variant] else ()),
+        *(["trnctl job submit --lnc 1"] if VARIANTS[variant].get("devices") == "dra" else ()),
     }
+    if VARIANTS[variant].get("devices") == "dra":
+        assert "ResourceClaimTemplate" in kinds
     failures = {a.name: problems(a.obj) for a in objects}
     assert {name: found for name, found in failures.items() if found} == {}
 

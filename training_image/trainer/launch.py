@@ -63,6 +63,42 @@ def compile_cache_url(base: str, *, compiler: str, cc_flags: str) -> str:
     return f"{base.rstrip('/')}/neuronx-cc-{compiler}/flags-{digest}"
 
 
+# The Neuron runtime's logical NeuronCore size, and the compiler option that must agree with it
+# (Neuron docs, Logical NeuronCore configuration: `--logical-nc-config` or `-lnc`; `--lnc` in
+# the compiler's error pages).
+LNC_VARIABLE = "NEURON_LOGICAL_NC_CONFIG"
+LNC_FLAG = "--logical-nc-config"
+_LNC_OPTIONS = ("--logical-nc-config", "-lnc", "--lnc")
+
+
+def with_lnc_flag(cc_flags: str, lnc: str | None) -> str:
+    """``cc_flags`` with the compiler's LNC option set to ``lnc`` (the runtime's
+    ``NEURON_LOGICAL_NC_CONFIG``): appended when the flags have none; unchanged when they
+    already name ``lnc`` or when ``lnc`` is None.
+
+    Raises:
+        ValueError: the flags name another LNC (Neuron does not support a compiler LNC other
+            than the runtime's).
+    """
+    if lnc is None:
+        return cc_flags
+    words = shlex.split(cc_flags)
+    for index, word in enumerate(words):
+        option, equals, value = word.partition("=")
+        if option not in _LNC_OPTIONS:
+            continue
+        if not equals:
+            value = words[index + 1] if index + 1 < len(words) else ""
+        if value != lnc:
+            raise ValueError(
+                f"NEURON_CC_FLAGS sets {option} {value} but {LNC_VARIABLE} is {lnc}: the "
+                "compiler's logical NeuronCore size must be the runtime's; drop the flag or "
+                "make them agree"
+            )
+        return cc_flags
+    return f"{cc_flags} {LNC_FLAG}={lnc}".strip()
+
+
 def _kernel_older_than(release: str, major: int, minor: int) -> bool:
     parts = release.split(".")
     try:
@@ -79,9 +115,11 @@ def job_environment(
     Sets (keeping any value the job already set): ``FI_PROVIDER=efa`` and
     ``FI_EFA_USE_DEVICE_RDMA=1`` so collectives use EFA with device RDMA rather than silently
     falling back to TCP; ``FI_EFA_FORK_SAFE=1`` only on kernels older than 5.15;
-    ``NEURON_CC_FLAGS`` (default: the stack's, see :mod:`trainer.stacks`);
-    ``MALLOC_ARENA_MAX=64``. Leaves ``NEURON_RT_ROOT_COMM_ID`` (the Neuron runtime's collectives
-    bootstrap address) to the framework unless the job sets it: TorchNeuron's process group has
+    ``NEURON_CC_FLAGS`` (default: the stack's, see :mod:`trainer.stacks`), with
+    ``--logical-nc-config=<n>`` added when ``NEURON_LOGICAL_NC_CONFIG`` is set (the compiler's
+    LNC must be the runtime's, :func:`with_lnc_flag`); ``MALLOC_ARENA_MAX=64``. Leaves
+    ``NEURON_RT_ROOT_COMM_ID`` (the Neuron runtime's collectives bootstrap address) to the
+    framework unless the job sets it: TorchNeuron's process group has
     rank 0 pick a free port on ``MASTER_ADDR`` and share it through torch.distributed's store,
     and the PyTorch/XLA Neuron plugin uses ``MASTER_ADDR`` with its own fixed port, whereas a
     port guessed from ``MASTER_PORT`` can be taken. Always rewrites the compile cache
@@ -90,7 +128,8 @@ def job_environment(
     key of :func:`compile_cache_url`, keeping the base in the stack's base variable.
 
     Raises:
-        ValueError: an unknown ``NEURON_STACK``.
+        ValueError: an unknown ``NEURON_STACK``, or ``NEURON_CC_FLAGS`` naming another LNC than
+            ``NEURON_LOGICAL_NC_CONFIG``.
     """
     env = dict(environ)
     stack = stacks.of(env)
@@ -104,6 +143,7 @@ def job_environment(
     if _kernel_older_than(kernel_release or platform.release(), 5, 15):
         env.setdefault("FI_EFA_FORK_SAFE", "1")
     env.setdefault("NEURON_CC_FLAGS", stack.cc_flags)
+    env["NEURON_CC_FLAGS"] = with_lnc_flag(env["NEURON_CC_FLAGS"], env.get(LNC_VARIABLE))
     env.setdefault("MALLOC_ARENA_MAX", "64")
     base = (
         env.get(stack.cache_base_variable) or env.get(stack.cache_variable) or stack.default_cache

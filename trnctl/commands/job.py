@@ -131,6 +131,15 @@ def job_submit(
             "side-by-side runs.",
         ),
     ] = jobs.TRN,
+    lnc: Annotated[
+        int | None,
+        typer.Option(
+            "--lnc",
+            help="Logical NeuronCore setting, 1 or 2 (trn2/trn3): one rank per logical core. "
+            "With devices=dra the job picks its runtime by it (neuron-torch-lnc1 for 1); on "
+            "the device-plugin path it must be the nodes' setting. Default: the environment's.",
+        ),
+    ] = None,
     name: NameOption = None,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
@@ -141,7 +150,7 @@ def job_submit(
     name."""
     jobs.check_target(target)
     if target == jobs.GPU:
-        _refuse_on_gpu({"--precompile": precompile})
+        _refuse_on_gpu({"--precompile": precompile, "--lnc": lnc is not None})
     if command:
         trainer_only = {
             "--preset": preset is not None,
@@ -169,6 +178,7 @@ def job_submit(
             dry_run=dry_run,
             region=region,
             target=target,
+            lnc=lnc,
         )
         return
     if code is not None:
@@ -216,13 +226,17 @@ def job_submit(
         labels={label: start},
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
         target=target,
+        lnc=lnc,
     )
     what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
     _create(job, outputs, spec, what, env, dry_run)
 
 
 # The flags of `job submit` that only mean something on Trainium, and why.
-TRN_ONLY = {"--precompile": "it fills the Neuron compile cache; CUDA compiles as it runs"}
+TRN_ONLY = {
+    "--precompile": "it fills the Neuron compile cache; CUDA compiles as it runs",
+    "--lnc": "it groups NeuronCores; a GPU job runs one rank per GPU",
+}
 
 
 def _refuse_on_gpu(given: dict[str, bool]) -> None:
@@ -312,6 +326,7 @@ def _submit_command(
     dry_run: bool,
     region: str | None,
     target: str,
+    lnc: int | None = None,
 ) -> None:
     """``job submit -- COMMAND``: refuses the flags only trn-train takes, checks staged code
     and runs the command through the image's entrypoint on the ``target``'s group."""
@@ -342,6 +357,7 @@ def _submit_command(
         image=image,
         labels=labels,
         target=target,
+        lnc=lnc,
     )
     what = f"command {shlex.join(command)}" + (f" in code/{code_name}" if code_name else "")
     _create(job, outputs, spec, what, env, dry_run)

@@ -23,8 +23,17 @@ def preflight_command(
     instance_type: InstanceTypeOption,
     count: Annotated[int, typer.Option("--count", min=1, help="Instances wanted.")],
     region: RegionOption = None,
+    env: Annotated[
+        str | None,
+        typer.Option(
+            "--env",
+            help="A deployed environment (trn-dev, ...): also report how its trn nodes get "
+            "their devices (plugin or dra) and their logical NeuronCore setting.",
+        ),
+    ] = None,
 ) -> None:
-    """Check type offering, EFA layout, On-Demand quota and reservations; exit 1 on a failure."""
+    """Check type offering, EFA layout, On-Demand quota and reservations (and, with --env, the
+    environment's device management and LNC); exit 1 on a failure."""
     resolved = common.region_of(region)
     if not az.startswith(resolved):
         raise TrnctlError(
@@ -35,4 +44,6 @@ def preflight_command(
     checks = preflight.run(
         aws.client("ec2", resolved), aws.client("service-quotas", resolved), request
     )
+    if env is not None:
+        checks += preflight.check_devices(common.outputs_of(env, resolved))
     common.print_checks(f"preflight: {count} x {instance_type} in {az}", "check", checks)

@@ -50,13 +50,20 @@ def validate_command(
         return
     cluster = common.cluster_of(outputs)
     cluster.create(job)
-    typer.echo(f"submitted validation job {job_name} on {outputs.trn_nodes} nodes", err=True)
+    typer.echo(
+        f"submitted validation job {job_name} on {outputs.trn_nodes} nodes "
+        f"({validation.device_note(outputs)})",
+        err=True,
+    )
     state = common.wait(cluster, job_name, "validation job", env, timeout, poll)
     results = [
         validation.judge(p.index, p.name, cluster.log(p.name), spec)
         for p in jobs.node_pods(cluster.pods(job_name))
     ]
-    table = Table(title=f"validate {env}: {outputs.trn_nodes} x {spec.name} ({job_name}: {state})")
+    note = validation.device_note(outputs)
+    table = Table(
+        title=f"validate {env}: {outputs.trn_nodes} x {spec.name}, {note} ({job_name}: {state})"
+    )
     for column in ("node", "pod", "neuron devices", "cores", "EFA", "all-reduce", "GB/s", "result"):
         table.add_column(column, overflow="fold")
     for r in results:
