@@ -318,12 +318,14 @@ def render_export(
     outputs: EnvironmentOutputs,
     image: str | None = None,
     merge_lora: bool = False,
+    target: str = TRN,
 ) -> dict[str, Any]:
     """The TrainJob that writes the newest valid checkpoint of ``job_name`` as a Hugging Face
-    model directory at :func:`export_dir`: one node of the ``neuron-torch`` runtime, whose pod
-    already mounts FSx and runs on the trn nodes that reach it, running ``trn-train export``.
-    Of a LoRA run that directory is a PEFT adapter, or with ``merge_lora`` (default False) the
-    full model with the adapters merged (``trn-train export --merge-lora``).
+    model directory at :func:`export_dir`: one node of ``target``'s runtime (default ``trn``;
+    the source job's own, so that the export runs where its image does), whose pod already
+    mounts FSx, running ``trn-train export``. Of a LoRA run that directory is a PEFT adapter,
+    or with ``merge_lora`` (default False) the full model with the adapters merged
+    (``trn-train export --merge-lora``).
 
     Raises:
         TrnctlError: as :func:`render`.
@@ -339,6 +341,7 @@ def render_export(
         image=image,
         command=EXPORT_COMMAND,
         labels={PURPOSE_LABEL: "export", SOURCE_JOB_LABEL: validate_name(job_name)},
+        target=target,
     )
 
 

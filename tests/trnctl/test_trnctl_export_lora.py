@@ -5,14 +5,17 @@ submitted, from the job's own arguments. Against the fake API server of the othe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import boto3
 import pytest
 import test_trnctl_kube
 import yaml
 from fake_kube import FakeKube
 from test_trnctl_aws import OUTPUTS
 from test_trnctl_model_jobs import _export_finishes
+from test_trnctl_target import GPU_OUTPUTS
 
 from trainer.cli import _parser
 from trnctl import jobs
@@ -127,3 +130,49 @@ def test_export_dry_run_prints_the_merge_flag(fake: FakeKube, trnctl: Any) -> No
     job = yaml.safe_load(run.stdout)
     assert job["spec"]["trainer"]["args"][-1] == "--merge-lora"
     assert not fake.requests
+
+
+def _gpu_source(fake: FakeKube, gpu_nodes: int) -> None:
+    """An environment with a GPU group of ``gpu_nodes`` and a --target gpu --model job ``ft-1``."""
+    outputs = dataclasses.replace(GPU_OUTPUTS, gpu_nodes=gpu_nodes)
+    boto3.client("ssm").put_parameter(
+        Name="/trn-platform/trn-dev/outputs", Value=outputs.to_json(), Type="String", Overwrite=True
+    )
+    fake.trainjobs["ft-1"] = jobs.render(
+        name="ft-1",
+        outputs=outputs,
+        nodes=1,
+        args=FULL_ARGS,
+        labels={jobs.MODEL_LABEL: "llama-3.2-1b"},
+        target=jobs.GPU,
+    )
+
+
+def test_a_gpu_job_exports_on_the_gpu_group_with_its_cuda_image(
+    fake: FakeKube, trnctl: Any
+) -> None:
+    _gpu_source(fake, gpu_nodes=1)
+    _export_finishes(fake, "Complete")
+
+    run = trnctl(*EXPORT)
+
+    assert run.exit_code == 0, run.stderr
+    created = _created(fake)
+    assert created["spec"]["runtimeRef"]["name"] == "cuda-torch"
+    assert created["spec"]["trainer"]["image"] == GPU_OUTPUTS.gpu_image_uri
+    assert created["metadata"]["labels"][jobs.TARGET_LABEL] == jobs.GPU
+    jobs.check_schema(created)
+
+
+def test_an_export_on_an_empty_group_is_refused_before_submitting(
+    fake: FakeKube, trnctl: Any
+) -> None:
+    _gpu_source(fake, gpu_nodes=0)
+
+    # A short --timeout: were the export submitted, the test would fail in a second, not hang.
+    run = trnctl(*EXPORT, "--timeout", "1")
+
+    assert run.exit_code == ExitCode.USAGE
+    assert "the GPU node group of trn-dev has 0 nodes" in run.stderr
+    assert "-c gpu_nodes=N (N >= 1)" in run.stderr
+    assert list(fake.trainjobs) == ["ft-1"]

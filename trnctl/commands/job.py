@@ -390,8 +390,9 @@ def job_export(
     region: RegionOption = None,
 ) -> None:
     """Write the newest valid checkpoint of a --model job as a Hugging Face model directory
-    beside its checkpoints (a one-node TrainJob running trn-train export); print where it is.
-    A LoRA job's export is its PEFT adapter, or with --merge-lora the merged full model."""
+    beside its checkpoints (a one-node TrainJob running trn-train export, on the job's own node
+    group: trn, or gpu for a --target gpu job); print where it is. A LoRA job's export is its
+    PEFT adapter, or with --merge-lora the merged full model. --dry-run prints the trn form."""
     jobs.validate_name(name)
     outputs = common.outputs_of(env, region)
     export = jobs.export_name(name, datetime.now(UTC))
@@ -417,9 +418,17 @@ def job_export(
             "--merge-lora"
         )
     image = image or source.get("spec", {}).get("trainer", {}).get("image")
+    # The export runs on the source job's group, where its image runs; not on an empty one.
+    target = jobs.target_of(source)
+    _node_count(outputs, 1, target)
     cluster.create(
         jobs.render_export(
-            job_name=name, export=export, outputs=outputs, image=image, merge_lora=merge_lora
+            job_name=name,
+            export=export,
+            outputs=outputs,
+            image=image,
+            merge_lora=merge_lora,
+            target=target,
         )
     )
     where = jobs.export_dir(name, export)
