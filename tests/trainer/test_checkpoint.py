@@ -343,6 +343,7 @@ parallel.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_resuming_from_s3_downloads_the_state_once_per_node(
     tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:
