@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from example_runs import HF, PLAIN, STEPS, ExampleRun, platform_run
+from example_runs import HF, PLAIN, STEPS, ExampleRun, PreemptedRun, platform_run, preempted_ddp_run
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +20,9 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
     (a local run)."""
     root = tmp_path_factory.mktemp("examples") / "hf"
     return platform_run(root, HF, "--max-steps", str(STEPS), "--save-every", str(STEPS))
+
+
+@pytest.fixture(scope="session")
+def preempted_ddp(tmp_path_factory: pytest.TempPathFactory) -> PreemptedRun:
+    """Two DDP ranks through the entrypoint, stopped by a SIGTERM after step 20."""
+    return preempted_ddp_run(tmp_path_factory.mktemp("examples") / "preempted", 20)

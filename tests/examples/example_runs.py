@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = ROOT / "examples" / "plain_pytorch" / "train.py"
 HF = ROOT / "examples" / "hf_trainer" / "train.py"
+ENTRYPOINT = ROOT / "training_image" / "entrypoint.py"
 TINY = ["--device", "cpu", "--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
 STEPS = 30
 SHARED = "example_runs"
@@ -64,3 +66,40 @@ def platform_run(root: Path, script: Path, *args: str, **extra: str) -> ExampleR
     env = example_env(TRN_CHECKPOINT_DIR=str(checkpoints), TRN_METRICS_FILE=str(metrics), **extra)
     logged = run_example([sys.executable, str(script), *TINY, *args], env, root)
     return ExampleRun(root, checkpoints, metrics, logged)
+
+
+@dataclass(frozen=True)
+class PreemptedRun:
+    """A run stopped by a SIGTERM: the JSON lines it printed before the signal, its exit
+    status, its checkpoint directory and what it printed after the signal."""
+
+    logged: list[dict[str, Any]]
+    returncode: int
+    checkpoints: Path
+    rest: str
+
+
+def preempted_ddp_run(root: Path, steps_before: int) -> PreemptedRun:
+    """The plain example on two DDP ranks under torchrun, through the image's entrypoint as
+    `trnctl job submit -- torchrun train.py` runs it, checkpointing where the platform says;
+    a SIGTERM (a preemption) once it has logged step ``steps_before``."""
+    root.mkdir(parents=True)
+    checkpoints = root / "checkpoints"
+    env = example_env(
+        TRN_CHECKPOINT_DIR=str(checkpoints),
+        TORCH_NEURONX_NEFF_CACHE_DIR=str(root / "neff"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    )
+    argv = [sys.executable, str(ENTRYPOINT), "--exec", "--", "torchrun", "--standalone"]
+    argv += ["--nproc-per-node=2", str(PLAIN), *TINY, "--steps", "100000"]
+    entry = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, cwd=root)
+    assert entry.stdout is not None
+    logged: list[dict[str, Any]] = []
+    while not logged or logged[-1]["step"] < steps_before:
+        line = entry.stdout.readline()
+        if not line:  # ended before the signal: the tests see its status
+            break
+        logged.append(json.loads(line))
+    entry.send_signal(signal.SIGTERM)
+    rest, _ = entry.communicate(timeout=120)
+    return PreemptedRun(logged, entry.returncode, checkpoints, rest)

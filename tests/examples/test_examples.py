@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from example_runs import SHARED, ExampleRun
+from example_runs import SHARED, ExampleRun, PreemptedRun
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PLAIN = EXAMPLES / "plain_pytorch" / "train.py"
-ENTRYPOINT = ROOT / "training_image" / "entrypoint.py"
 HF = EXAMPLES / "hf_trainer" / "train.py"
 TINY = ["--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
 
@@ -69,11 +68,10 @@ def test_plain_pytorch_trains_checkpoints_and_resumes(plain_run: ExampleRun) -> 
 
 
 @pytest.mark.slow
-def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None:
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    argv = [torchrun, "--standalone", "--nproc-per-node=2", str(PLAIN), "--device", "cpu"]
-
-    logged = run([*argv, *TINY, "--steps", "20"], env_with(), tmp_path)
+@pytest.mark.xdist_group(SHARED)
+def test_plain_pytorch_runs_data_parallel_under_torchrun(preempted_ddp: PreemptedRun) -> None:
+    """The shared two-rank run (tests/examples/conftest.py) up to its SIGTERM after step 20."""
+    logged = preempted_ddp.logged
 
     assert_loss_falls(logged)
     # Only rank 0 prints; tokens count both ranks' batches.
@@ -82,31 +80,18 @@ def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
 def test_a_sigterm_through_the_entrypoint_stops_both_ranks_with_a_checkpoint(
-    tmp_path: Path,
+    preempted_ddp: PreemptedRun,
 ) -> None:
     """What a preempted `trnctl job submit -- torchrun train.py` does: the entrypoint hands the
     SIGTERM to torchrun's workers, both ranks stop at the same step, rank 0 saves it, and the
     job ends interrupted (143), not Succeeded."""
-    checkpoints = tmp_path / "checkpoints"
-    env = env_with(
-        TRN_CHECKPOINT_DIR=str(checkpoints),
-        TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"),
-        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    )
-    argv = [sys.executable, str(ENTRYPOINT), "--exec", "--", "torchrun", "--standalone"]
-    argv += ["--nproc-per-node=2", str(PLAIN), "--device", "cpu", *TINY, "--steps", "100000"]
-    entry = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
-    assert entry.stdout is not None
-    first = json.loads(entry.stdout.readline())  # training has started on both ranks
-    entry.send_signal(signal.SIGTERM)
-    rest, _ = entry.communicate(timeout=120)
-
-    assert entry.returncode == 128 + signal.SIGTERM
-    (saved,) = checkpoints.iterdir()
+    assert preempted_ddp.returncode == 128 + signal.SIGTERM
+    (saved,) = preempted_ddp.checkpoints.iterdir()
     stopped_at = int(saved.stem.removeprefix("step-"))
-    assert first["step"] <= stopped_at < 100000
-    assert "Traceback" not in rest
+    assert preempted_ddp.logged[-1]["step"] <= stopped_at < 100000
+    assert "Traceback" not in preempted_ddp.rest
 
 
 @pytest.mark.slow

@@ -437,6 +437,7 @@ assert checkpointer.resume(checkpointer.newest_valid(), model, opt) == 3
 """
 
 
+@pytest.mark.slow
 def test_the_checkpoint_library_is_imported_when_a_checkpoint_is_written(
     tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:
