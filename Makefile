@@ -25,7 +25,7 @@ synth: $(VENV)/.runtime $(CDK)
 	$(CDK) synth --no-notices --quiet --output cdk.out
 
 test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The trn1 stack's PyTorch/XLA path on PyTorch/XLA's CPU device, in its own environment (torch_xla
 # 2.9 and the torch 2.9 it needs: a 3.9 GB download, 7 GB on disk), too heavy for every `make test`.

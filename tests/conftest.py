@@ -31,6 +31,9 @@ else:
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# The order and grouping of tests on xdist workers (tests/scheduling.py).
+from tests.scheduling import pytest_collection_modifyitems  # noqa: E402, F401
+
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, VARIANTS, Synth, context_with
 from trn_catalog.outputs import TAG_EXPIRES_AT
 
@@ -46,6 +48,7 @@ def test_bad_context_stops_the_app_with_every_problem(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.template.json"))
 
 
+@pytest.mark.slow
 def test_cdk_cli_synthesizes_the_default_platform_offline(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(CDK), "synth", "--no-notices", "--quiet", "--output", str(tmp_path)],

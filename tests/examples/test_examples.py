@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from example_runs import SHARED, ExampleRun, PreemptedRun
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PLAIN = EXAMPLES / "plain_pytorch" / "train.py"
-ENTRYPOINT = ROOT / "training_image" / "entrypoint.py"
 HF = EXAMPLES / "hf_trainer" / "train.py"
 TINY = ["--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
 
@@ -48,29 +48,30 @@ def assert_loss_falls(logged: list[dict[str, Any]]) -> None:
     assert losses[-1] < 0.75 * losses[0], losses
 
 
-def test_plain_pytorch_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
-    checkpoints = tmp_path / "fsx" / "checkpoints" / "mine"
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
+def test_plain_pytorch_trains_checkpoints_and_resumes(plain_run: ExampleRun) -> None:
+    """The shared plain run (tests/examples/conftest.py), then a rerun that resumes."""
+    checkpoints, logged = plain_run.checkpoints, plain_run.logged
     env = env_with(TRN_CHECKPOINT_DIR=str(checkpoints))
     argv = [sys.executable, str(PLAIN), "--device", "cpu", *TINY]
-
-    logged = run([*argv, "--steps", "30"], env, tmp_path)
 
     assert_loss_falls(logged)
     assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30]
     assert logged[-1]["tokens"] == 30 * 4 * 32
     assert [p.name for p in checkpoints.iterdir()] == ["step-30.pt"]
     # A rerun with more steps resumes from step 30 rather than starting over.
-    resumed = run([*argv, "--steps", "35"], env, tmp_path)
+    resumed = run([*argv, "--steps", "35"], env, plain_run.cwd)
     assert [e["step"] for e in resumed] == [35]
     assert resumed[0]["loss"] < logged[0]["loss"]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-30.pt", "step-35.pt"]
 
 
-def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None:
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    argv = [torchrun, "--standalone", "--nproc-per-node=2", str(PLAIN), "--device", "cpu"]
-
-    logged = run([*argv, *TINY, "--steps", "20"], env_with(), tmp_path)
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
+def test_plain_pytorch_runs_data_parallel_under_torchrun(preempted_ddp: PreemptedRun) -> None:
+    """The shared two-rank run (tests/examples/conftest.py) up to its SIGTERM after step 20."""
+    logged = preempted_ddp.logged
 
     assert_loss_falls(logged)
     # Only rank 0 prints; tokens count both ranks' batches.
@@ -78,46 +79,34 @@ def test_plain_pytorch_runs_data_parallel_under_torchrun(tmp_path: Path) -> None
     assert logged[-1]["tokens"] == 20 * 2 * 4 * 32
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
 def test_a_sigterm_through_the_entrypoint_stops_both_ranks_with_a_checkpoint(
-    tmp_path: Path,
+    preempted_ddp: PreemptedRun,
 ) -> None:
     """What a preempted `trnctl job submit -- torchrun train.py` does: the entrypoint hands the
     SIGTERM to torchrun's workers, both ranks stop at the same step, rank 0 saves it, and the
     job ends interrupted (143), not Succeeded."""
-    checkpoints = tmp_path / "checkpoints"
-    env = env_with(
-        TRN_CHECKPOINT_DIR=str(checkpoints),
-        TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "neff"),
-        PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    )
-    argv = [sys.executable, str(ENTRYPOINT), "--exec", "--", "torchrun", "--standalone"]
-    argv += ["--nproc-per-node=2", str(PLAIN), "--device", "cpu", *TINY, "--steps", "100000"]
-    entry = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
-    assert entry.stdout is not None
-    first = json.loads(entry.stdout.readline())  # training has started on both ranks
-    entry.send_signal(signal.SIGTERM)
-    rest, _ = entry.communicate(timeout=120)
-
-    assert entry.returncode == 128 + signal.SIGTERM
-    (saved,) = checkpoints.iterdir()
+    assert preempted_ddp.returncode == 128 + signal.SIGTERM
+    (saved,) = preempted_ddp.checkpoints.iterdir()
     stopped_at = int(saved.stem.removeprefix("step-"))
-    assert first["step"] <= stopped_at < 100000
-    assert "Traceback" not in rest
+    assert preempted_ddp.logged[-1]["step"] <= stopped_at < 100000
+    assert "Traceback" not in preempted_ddp.rest
 
 
-def test_hf_trainer_trains_and_checkpoints_where_the_platform_says(tmp_path: Path) -> None:
-    checkpoints = tmp_path / "fsx" / "checkpoints" / "mine"
-    env = env_with(TRN_CHECKPOINT_DIR=str(checkpoints))
-    argv = [sys.executable, str(HF), "--device", "cpu", *TINY, "--save-every", "30"]
-
-    logged = run([*argv, "--max-steps", "30"], env, tmp_path)
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
+def test_hf_trainer_trains_and_checkpoints_where_the_platform_says(hf_run: ExampleRun) -> None:
+    """The shared run (tests/examples/conftest.py): 30 steps, ``--save-every 30``."""
+    logged = hf_run.logged
 
     assert_loss_falls(logged)
     assert [e["step"] for e in logged] == [5, 10, 15, 20, 25, 30]
-    assert (checkpoints / "checkpoint-30" / "trainer_state.json").is_file()
-    assert not (tmp_path / "hf-output").exists()
+    assert (hf_run.checkpoints / "checkpoint-30" / "trainer_state.json").is_file()
+    assert not (hf_run.cwd / "hf-output").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [PLAIN, HF], ids=["plain_pytorch", "hf_trainer"])
 def test_a_device_the_machine_lacks_stops_the_script(tmp_path: Path, script: Path) -> None:
     done = subprocess.run(

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from example_runs import SHARED, STEPS, ExampleRun
 from typer.testing import CliRunner
 
 from trnctl import compare
@@ -16,33 +18,16 @@ from trnctl.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = ROOT / "examples" / "plain_pytorch" / "train.py"
-HF = ROOT / "examples" / "hf_trainer" / "train.py"
 TINY = ["--device", "cpu", "--batch-size", "4", "--seq-len", "32", "--log-every", "5"]
+EVERY_5 = list(range(5, STEPS + 1, 5))  # the logged steps of the shared runs
 
 
-def run_example(script: Path, metrics: Path, cwd: Path, *args: str, **extra: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    for name in ("TRN_CHECKPOINT_DIR", "TRN_INSTANCE_TYPE", "TRN_GPU_INSTANCE_TYPE"):
-        env.pop(name, None)
-    env.update(OMP_NUM_THREADS="1", TRN_METRICS_FILE=str(metrics), **extra)
-    done = subprocess.run(
-        [sys.executable, str(script), *TINY, *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-
-
-def test_compare_reads_the_plain_examples_metrics(tmp_path: Path) -> None:
-    metrics = tmp_path / "fsx" / "checkpoints" / "run-plain" / "metrics.jsonl"
-    # Labelled as a p5 node the way the cuda-torch runtime labels its pods.
-    run_example(PLAIN, metrics, tmp_path, "--steps", "20", TRN_GPU_INSTANCE_TYPE="p5.48xlarge")
-
-    run = compare.parse(metrics.read_text(), "run-plain")
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
+def test_compare_reads_the_plain_examples_metrics(plain_run: ExampleRun) -> None:
+    """The shared plain run (tests/examples/conftest.py), labelled as a p5 node the way the
+    cuda-torch runtime labels its pods."""
+    run = compare.parse(plain_run.metrics.read_text(), "run-plain")
 
     header = run.header
     assert header["instance_type"] == "p5.48xlarge"
@@ -50,8 +35,8 @@ def test_compare_reads_the_plain_examples_metrics(tmp_path: Path) -> None:
     assert (header["nodes"], header["world_size"]) == (1, 1)
     assert header["global_batch_tokens"] == 4 * 32
     assert header["peak_flops_per_rank"] == 989.5e12  # the catalog's, for the labelled type
-    assert [r["step"] for r in run.records] == [5, 10, 15, 20]
-    assert [r["tokens"] for r in run.records] == [s * 4 * 32 for s in (5, 10, 15, 20)]
+    assert [r["step"] for r in run.records] == EVERY_5
+    assert [r["tokens"] for r in run.records] == [s * 4 * 32 for s in EVERY_5]
     # tokens/s per interval: its tokens over the time between its record and the previous one.
     times = [0.0] + [r["time_s"] for r in run.records]
     for record, before, previous_tokens in zip(
@@ -65,10 +50,12 @@ def test_compare_reads_the_plain_examples_metrics(tmp_path: Path) -> None:
     assert compare.target_of(run) == "gpu"
 
 
-def test_compare_puts_both_examples_side_by_side(tmp_path: Path) -> None:
-    plain, hf = tmp_path / "plain.jsonl", tmp_path / "hf.jsonl"
-    run_example(PLAIN, plain, tmp_path, "--steps", "15")
-    run_example(HF, hf, tmp_path, "--max-steps", "15", "--output-dir", str(tmp_path / "hf"))
+@pytest.mark.slow
+@pytest.mark.xdist_group(SHARED)
+def test_compare_puts_both_examples_side_by_side(
+    plain_run: ExampleRun, hf_run: ExampleRun, tmp_path: Path
+) -> None:
+    plain, hf = plain_run.metrics, hf_run.metrics
     report = tmp_path / "report.html"
 
     result = CliRunner().invoke(
@@ -81,11 +68,11 @@ def test_compare_puts_both_examples_side_by_side(tmp_path: Path) -> None:
     )
 
     assert result.exit_code == 0, result.output
-    hf_run = compare.parse(hf.read_text(), "hf")
-    assert hf_run.header["model"] == "tiny-llama"
-    assert [r["step"] for r in hf_run.records] == [5, 10, 15]
-    assert [r["tokens"] for r in hf_run.records] == [s * 4 * 32 for s in (5, 10, 15)]
-    assert "local" in result.output  # neither run names an instance type: local runs
+    parsed = compare.parse(hf.read_text(), "hf")
+    assert parsed.header["model"] == "tiny-llama"
+    assert [r["step"] for r in parsed.records] == EVERY_5
+    assert [r["tokens"] for r in parsed.records] == [s * 4 * 32 for s in EVERY_5]
+    assert "local" in result.output  # the Hugging Face run names no instance type: a local run
     assert "Loss vs tokens" in report.read_text()
 
 
@@ -96,6 +83,7 @@ WITHOUT_TRAINER = (
 )
 
 
+@pytest.mark.slow
 def test_off_the_platform_the_examples_run_unchanged(tmp_path: Path) -> None:
     """Without TRN_METRICS_FILE, or without the platform's trainer package (an image of your
     own, a laptop), the examples train as before and write no metrics."""

@@ -108,11 +108,13 @@ def lint(*synths: Synth) -> list[str]:
     return cfn_lint_errors(*templates, region=region)
 
 
+@pytest.mark.slow
 def test_cfn_lint_has_no_errors(synth_variant: Callable[[str], Synth]) -> None:
     """Every variant (all deploy to the default region); an error line names its template."""
     assert lint(*map(synth_variant, sorted(VARIANTS))) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("region", [r for r in trainium_regions() if r != DEFAULT_REGION])
 def test_cfn_lint_has_no_errors_in_every_trainium_region(
     tmp_path_factory: pytest.TempPathFactory, region: str
@@ -206,6 +208,7 @@ def checkov_failures(*templates: Path) -> dict[str, object]:
     return summary
 
 
+@pytest.mark.slow
 def test_checkov_has_no_failed_checks(
     synth_variant: Callable[[str], Synth], tmp_path: Path
 ) -> None:

@@ -343,6 +343,7 @@ parallel.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_resuming_from_s3_downloads_the_state_once_per_node(
     tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:
@@ -411,3 +412,44 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
     expected = sum(float(p.detach().double().sum()) for p in model.parameters())
     assert all(r["weights"] == pytest.approx(expected, rel=1e-12) for r in ranks)
     assert not (tmp_path / "node-0-disk").exists() and not (tmp_path / "node-1-disk").exists()
+
+
+LAZY_CHECKPOINT_LIBRARY = """
+import sys
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint, cli, loop
+from trainer.model import GPT
+from trainer.config import PRESETS
+
+def loaded():
+    return sorted(m for m in sys.modules if m.startswith("torch.distributed.checkpoint"))
+
+assert loaded() == [], loaded()
+model = GPT(PRESETS["tiny"].model)
+opt = torch.optim.AdamW(model.parameters())
+checkpointer = checkpoint.Checkpointer(checkpoint.LocalStore(Path(sys.argv[1])))
+checkpointer.save(3, model, opt)
+assert loaded(), "saved without torch.distributed.checkpoint"
+assert checkpointer.resume(checkpointer.newest_valid(), model, opt) == 3
+"""
+
+
+@pytest.mark.slow
+def test_the_checkpoint_library_is_imported_when_a_checkpoint_is_written(
+    tmp_path: Path, trainer_env: dict[str, str]
+) -> None:
+    """Importing torch.distributed.checkpoint takes a second or more; a trainer process that
+    writes no checkpoint (``trn-train run`` without ``--checkpoint-dir``, every other command)
+    does not pay it, and one that does still writes and resumes."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY_CHECKPOINT_LIBRARY, str(tmp_path)],
+        env=trainer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]

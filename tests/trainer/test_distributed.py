@@ -49,6 +49,7 @@ def _assert_same_steps(two: list[dict[str, Any]], one: dict[int, dict[str, Any]]
         assert record["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), record
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group(two_ranks_launch.GROUP)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_match_one_rank(

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ENTRYPOINT = Path(__file__).parents[2] / "training_image" / "entrypoint.py"
 
 
+@pytest.mark.slow
 def test_a_failing_precompile_pass_stops_the_job_with_its_status(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(

@@ -155,6 +155,7 @@ def test_report_draws_the_eval_loss(tmp_path: Path) -> None:
     assert report.plot(path, tmp_path / "m.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_eval_on_the_compiled_path_adds_no_graph(chat_data: Path, tmp_path: Path) -> None:
     """The forward compiled for training is not recompiled for eval (no gradients): eval runs it
     eagerly, so fail_on_recompile holds, and its losses are the eager run's."""

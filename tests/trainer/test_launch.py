@@ -441,6 +441,7 @@ def test_sigterm_goes_to_the_workers_and_the_run_ends_interrupted(
     assert len(list(tmp_path.glob("checkpoint-*"))) == 2
 
 
+@pytest.mark.slow
 def test_real_torchrun_exits_0_when_its_workers_checkpoint_and_the_pod_still_fails(
     tmp_path: Path,
 ) -> None:

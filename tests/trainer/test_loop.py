@@ -110,6 +110,7 @@ def uninterrupted(corpus_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bit_identical(
     corpus_dir: Path,
     tmp_path: Path,
@@ -155,6 +156,7 @@ def test_kill_9_then_resume_is_bit_identical(
     assert all(torch.equal(final[k], reference[k]) for k in reference)
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_0(
     corpus_dir: Path, tmp_path: Path, launch: Callable[..., subprocess.Popen[str]]
 ) -> None:
@@ -184,6 +186,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_0(
     assert (tmp_path / "ck" / f"step_{step:08d}" / "meta.json").is_file()
 
 
+@pytest.mark.slow
 def test_compiled_path_one_graph_no_breaks_no_recompiles(corpus_dir: Path, tmp_path: Path) -> None:
     """aot_eager runs the same Dynamo front end as the Neuron backend. fail_on_recompile turns any
     recompile after the first step into an error; the checkpoint saves in between must not

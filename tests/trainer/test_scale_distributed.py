@@ -87,6 +87,7 @@ def _step_zero_windows(corpus: Path) -> torch.Tensor:
     return torch.cat([x, y[:, -1:]], dim=1)
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
     corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:

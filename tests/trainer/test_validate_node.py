@@ -74,6 +74,7 @@ def test_efa_interfaces_from_fi_info_when_sysfs_has_none(tmp_path: Path) -> None
     assert validate_node.efa_interfaces(tmp_path / "nosys", str(tmp_path / "none")) is None
 
 
+@pytest.mark.slow
 def test_node_mode_runs_an_allreduce_over_its_ranks_and_prints_one_line(tmp_path: Path) -> None:
     """Node mode as a pod runs it: torchrun with two CPU ranks (gloo), fake tools and sysfs."""
     tool = _script(tmp_path / "neuron-ls", NEURON_LS)
@@ -135,6 +136,7 @@ def test_node_mode_runs_an_allreduce_over_its_ranks_and_prints_one_line(tmp_path
     )
 
 
+@pytest.mark.slow
 def test_node_mode_runs_on_the_image_stack_device_never_on_cpu(tmp_path: Path) -> None:
     """In the native image (NEURON_STACK=native) the ranks run on the neuron device: where there
     is none the all-reduce fails and the node's line says why, instead of passing over gloo."""

@@ -173,6 +173,7 @@ def test_sigterm_reaches_the_command_which_checkpoints_and_the_run_ends_interrup
     assert len(list(tmp_path.glob("checkpoint-*"))) == 1
 
 
+@pytest.mark.slow
 def test_real_torchrun_workers_get_the_sigterm_and_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     command = [

@@ -31,6 +31,9 @@ RUNS = {
 }
 TRN2_OD, TRN2_CB = 40.0, 30.0
 P5EN_OD = 63.296  # the catalog's us-east-2 figure (trn_catalog/prices.py); no Capacity Block
+# One worker runs this module's tests, so that the two runs of metrics_files happen once
+# (tests/scheduling.py); they start early.
+pytestmark = [pytest.mark.xdist_group("compare"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ def trnctl(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_data_stage_finds_the_environment_and_uploads(
     endpoint: str, client: Any, tmp_path: Path
 ) -> None:

@@ -63,18 +63,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from trainer import parallel
 
 if TYPE_CHECKING:
     import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     from trainer.config import TrainConfig
 
@@ -421,9 +415,14 @@ def _write_state(state: dict[str, Any], path: Path) -> tuple[int, int]:
         return f.tell(), crc
 
 
+# torch.distributed.checkpoint's state-dict functions are imported where a checkpoint is saved or
+# restored: importing them costs a second or more, which a run without checkpoints (and every
+# other command of the CLI) need not pay.
 def _options(model: nn.Module, *, full: bool) -> StateDictOptions:
     """Full (gathered to CPU) or sharded state-dict options; a model with frozen parameters (a
     LoRA run's base) leaves them out, so that a checkpoint holds what training changes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     frozen = any(not p.requires_grad for p in model.parameters())
     return StateDictOptions(
         full_state_dict=full, cpu_offload=full, ignore_frozen_params=frozen, strict=not frozen
@@ -434,12 +433,38 @@ def _model_state(model: nn.Module, options: StateDictOptions) -> dict[str, Any]:
     """``get_model_state_dict``, without frozen parameters under any of their names when
     ``options`` leaves them out: torch drops a frozen parameter under one name only, so a tied
     output head (the embedding under a second name) would stay."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     state = get_model_state_dict(model, options=options)
     if options.ignore_frozen_params:
         for name, p in model.named_parameters(remove_duplicate=False):
             if not p.requires_grad:
                 state.pop(_plain_name(name), None)
     return state
+
+
+def _optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions
+) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def _set_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: Mapping[str, Any],
+    options: StateDictOptions,
+) -> None:
+    """Loads ``state``'s model and optimizer parts (not the RNG) under ``options``."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    set_model_state_dict(model, state["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
 @contextlib.contextmanager
@@ -513,9 +538,7 @@ class Checkpointer:
             "format": FORMAT,
             "step": step,
             "model": _model_state(model, _options(model, full=True)),
-            "optimizer": get_optimizer_state_dict(
-                model, optimizer, options=_options(model, full=True)
-            ),
+            "optimizer": _optimizer_state(model, optimizer, _options(model, full=True)),
             "rng": torch.get_rng_state(),
         }
         name = name_for(step)
@@ -554,7 +577,7 @@ class Checkpointer:
         options = _options(model, full=False)
         state = {
             "model": _model_state(model, options),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+            "optimizer": _optimizer_state(model, optimizer, options),
             "rng": torch.get_rng_state(),
         }
         with _one_process_quietly(not ranks.distributed):
@@ -801,7 +824,7 @@ class Checkpointer:
         options = _options(model, full=False)
         state: dict[str, Any] = {
             "model": _model_state(model, options),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+            "optimizer": _optimizer_state(model, optimizer, options),
             "rng": torch.get_rng_state(),
         }
         with self._shards(name) as folder:
@@ -812,8 +835,7 @@ class Checkpointer:
                     load(state, storage_reader=FileSystemReader(folder), no_dist=alone)
             except (OSError, RuntimeError, ValueError) as e:
                 raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        _set_state(model, optimizer, state, options)
         torch.set_rng_state(state["rng"])
         step: int = self.meta_of(name)["step"]
         return step
@@ -843,8 +865,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"{name} lacks trained parameters of this model: {', '.join(missing[:5])}"
             )
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        _set_state(model, optimizer, state, options)
         torch.set_rng_state(state["rng"])
         step: int = state["step"]
         return step
