@@ -29,7 +29,7 @@ cluster = eks.Cluster.from_cluster_attributes(
 )
 TrainiumNodeGroup(
     stack, "Trn2", cluster=cluster, subnet=network.trn_subnet, instance_type="trn2.48xlarge",
-    nodes=4, capacity="capacity-block", capacity_reservation_id="cr-0123456789abcdef0",
+    desired_size=4, capacity="capacity-block", capacity_reservation_id="cr-0123456789abcdef0",
 )
 app.synth()
 """
