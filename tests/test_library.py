@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,82 @@ def test_importing_the_library_has_no_side_effects() -> None:
         "CATALOG",
         "instance_spec",
     } <= exported
+
+
+LIBRARY_SECTION = ("## The constructs in your own CDK app", "## Layout")
+# Per adoption path of the README: resource types its app must make and must not.
+ADOPTION_PATHS = {
+    "Whole platform in your app": (
+        {
+            "AWS::EKS::Cluster",
+            "AWS::EKS::Nodegroup",
+            "AWS::FSx::FileSystem",
+            "Custom::AWSCDK-EKS-HelmChart",
+            "Custom::AWSCDK-EKS-KubernetesResource",
+        },
+        set(),
+    ),
+    "Plugins on your cluster": (
+        {"Custom::AWSCDK-EKS-HelmChart", "AWS::EKS::Nodegroup"},
+        {"AWS::EKS::Cluster"},
+    ),
+    "Node group only": ({"AWS::EKS::Nodegroup"}, {"Custom::AWSCDK-EKS-HelmChart", "AWS::EC2::VPC"}),
+    "Data paths only": ({"AWS::FSx::FileSystem"}, {"AWS::EC2::VPC"}),
+}
+RUN_INSTALLED = (
+    "import runpy, constructs_lib\n"
+    "assert 'site' in constructs_lib.__file__, constructs_lib.__file__\n"
+    "runpy.run_path('app.py', run_name='__main__')\n"
+)
+
+
+def readme_examples() -> dict[str, str]:
+    """The README library section's examples, by the title of their subsection."""
+    text = (ROOT / "README.md").read_text()
+    start, end = (text.index(heading) for heading in LIBRARY_SECTION)
+    found = re.findall(r"^### (.+?)\n.*?```python\n(.*?)```", text[start:end], flags=re.S | re.M)
+    return dict(found)
+
+
+def test_the_readme_shows_one_example_per_adoption_path() -> None:
+    examples = readme_examples()
+    assert set(examples) == set(ADOPTION_PATHS)
+    for code in examples.values():
+        assert "from_lookup" not in code, "lookups need an AWS account; examples stay offline"
+        assert "props=" not in code, "the docs show keyword arguments"
+
+
+@pytest.mark.parametrize("path", sorted(ADOPTION_PATHS))
+def test_each_readme_example_synthesizes_against_the_wheel(installed: Path, path: str) -> None:
+    app_dir = installed / re.sub(r"\W+", "-", path.lower())
+    app_dir.mkdir()
+    (app_dir / "app.py").write_text(readme_examples()[path])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(installed / "site"),
+        "CDK_OUTDIR": str(app_dir / "out"),
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    result = subprocess.run(
+        [sys.executable, "-s", "-c", RUN_INSTALLED],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    resources = {
+        name: resource
+        for template in (app_dir / "out").glob("*.template.json")
+        for name, resource in json.loads(template.read_text()).get("Resources", {}).items()
+    }
+    types = {r["Type"] for r in resources.values()}
+    wanted, unwanted = ADOPTION_PATHS[path]
+    assert wanted <= types, wanted - types
+    assert not unwanted & types, unwanted & types
+    if path == "Data paths only":
+        policies = json.dumps([r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"])
+        assert "kms:Decrypt" in policies and "key/0123abcd-0123-4567-89ab-0123456789ab" in policies
 
 
 # Changing one of these replaces a stateful resource (and its data) on the next deploy.
