@@ -150,10 +150,10 @@ class TrainiumNodeGroup(Construct):
     Raises:
         ValueError: a cluster imported without ``vpc`` or ``cluster_security_group_id``, a
             public ``subnet``, a ``subnet`` outside ``trn_availability_zone``, unknown instance
-            type, sizes outside
-            ``0 <= min_size <= desired_size <= max_size`` or ``max_size`` outside 1..64, a taint
-            without a key or with a key or value over 63 characters, two taints of one key and
-            effect, a ``trn-platform/node-type`` label of another value, a reservation mode
+            type, sizes outside ``0 <= min_size <= desired_size <= max_size`` or ``max_size``
+            outside 1..64, a taint without a key or with a key or value over 63 characters, two
+            taints of one key and effect, a ``trn-platform/node-type`` label of another value,
+            a reservation mode
             without a valid reservation id, a reservation id with on-demand, a root volume under
             100 GiB, or a name prefix EKS would refuse.
     """
