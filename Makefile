@@ -37,7 +37,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.dev
-	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench
+	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench ops/hatch_build.py
 	# Each example is a standalone script named train.py: one mypy run each.
 	for script in examples/*/train.py; do $(VENV)/bin/mypy $$script || exit 1; done
 

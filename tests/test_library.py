@@ -137,6 +137,17 @@ def test_every_command_of_the_ops_wheel_runs(
         assert "usage" in result.stdout.lower(), script
 
 
+def test_the_set_up_environment_runs_the_checkout_not_copies() -> None:
+    """make setup's editable installs put the checkout on sys.path: no copy of trnctl or the
+    trainer in site-packages that would go stale as the tree changes."""
+    code = "import trainer, trnctl; print(trainer.__file__); print(trnctl.__file__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True
+    )
+    for path in result.stdout.split():
+        assert Path(path).is_relative_to(ROOT), path
+
+
 def test_wheel_carries_types_and_the_reaper(installed: Path) -> None:
     site = installed / "site"
     assert (site / "constructs_lib" / "py.typed").exists()
