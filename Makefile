@@ -37,7 +37,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.dev
-	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench
+	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench ops/hatch_build.py
 	# Each example is a standalone script named train.py: one mypy run each.
 	for script in examples/*/train.py; do $(VENV)/bin/mypy $$script || exit 1; done
 
@@ -58,10 +58,14 @@ train-local: $(VENV)/.dev
 
 setup: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
 
-$(VENV)/.runtime: requirements.txt pyproject.toml
+# The library (pyproject.toml) and the ops tools (ops/pyproject.toml: trnctl, trn-train), both
+# editable; hatchling writes nothing into the checkout. Two runs: the second puts the commands on
+# the PATH after the first has removed an older install's.
+$(VENV)/.runtime: requirements.txt pyproject.toml ops/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r requirements.txt
-	$(PIP) install -q --no-deps -e .
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PIP) install -q --no-deps --no-build-isolation -e ./ops
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt

@@ -14,6 +14,7 @@ from aws_cdk import (
     Lazy,
     RemovalPolicy,
     Stack,
+    Token,
     Validations,
 )
 from aws_cdk import aws_ec2 as ec2
@@ -267,3 +268,28 @@ class _TagSpecifications:
 
     def produce(self) -> list[dict[str, Any]] | None:
         return _tag_specifications(self.stack, self.extra)
+
+
+def subnet_zone(subnet: ec2.ISubnet) -> str | None:
+    """The subnet's AZ where it is known at synth: None for a subnet imported without one
+    (``ec2.Subnet.from_subnet_id``) or whose AZ is a token (an environment-agnostic stack)."""
+    try:
+        zone = subnet.availability_zone
+    except RuntimeError:
+        return None
+    return None if Token.is_unresolved(zone) else zone
+
+
+def check_subnet_zone(prop: str, subnet: ec2.ISubnet, trn_zone: str | None) -> None:
+    """Refuse ``subnet``, given as the prop ``prop``, outside ``trn_zone`` where both are known.
+
+    Raises:
+        ValueError: the subnet's AZ is another; the message names the prop and both zones.
+    """
+    zone = subnet_zone(subnet)
+    if trn_zone is None or zone is None or zone == trn_zone:
+        return
+    raise ValueError(
+        f"{prop} {subnet.node.path!r} is in {zone!r}, not in trn_availability_zone "
+        f"{trn_zone!r}; the trn nodes, their placement group and FSx share the trn AZ"
+    )

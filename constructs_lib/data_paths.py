@@ -13,8 +13,14 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from constructs_lib._common import acknowledge_wildcards, deny_other_egress
+from constructs_lib._common import (
+    acknowledge_wildcards,
+    check_subnet_zone,
+    deny_other_egress,
+    subnet_zone,
+)
 from constructs_lib._props import props_from
+from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
 from trn_catalog import fsx as fsx_limits
 
 # Lustre client traffic: TCP 988 and 1018-1023 (FSx user guide, "File system access control").
@@ -30,6 +36,10 @@ class TrainingDataPathsProps:
     Attributes:
         vpc: the VPC the file system lives in (required).
         fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
+        trn_availability_zone: the AZ of the Trainium capacity. When given, ``fsx_subnet`` must
+            be in it wherever its AZ is known at synth (a subnet made in the app, or imported
+            with ``availability_zone``). Default none: unchecked, but
+            :meth:`TrainingDataPaths.allow_mount_from` still refuses a node group of another AZ.
         lustre_clients: who may mount the file system: a security group the client nodes carry,
             such as ``TrainingNetwork.lustre_clients`` (a group with ``efa_fsx``: EFA takes no
             CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``. Default none: open
@@ -70,6 +80,7 @@ class TrainingDataPathsProps:
 
     vpc: ec2.IVpc
     fsx_subnet: ec2.ISubnet
+    trn_availability_zone: str | None = None
     lustre_clients: ec2.IPeer | None = None
     fsx_storage_gib: int = fsx_limits.FSX_MIN_GIB
     fsx_throughput_per_tib: int = 125
@@ -107,8 +118,9 @@ class TrainingDataPaths(Construct):
 
     Raises:
         ValueError: storage or throughput not allowed for PERSISTENT_2 (or for EFA), EFA with
-            CIDR clients, or a lifecycle period below one day; each message names the prop, the
-            value and what is allowed.
+            CIDR clients, a lifecycle period below one day, or an ``fsx_subnet`` outside
+            ``trn_availability_zone``; each message names the prop, the value and what is
+            allowed.
     """
 
     def __init__(
@@ -121,6 +133,7 @@ class TrainingDataPaths(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         props = props_from(TrainingDataPathsProps, props, kwargs)
+        check_subnet_zone("fsx_subnet", props.fsx_subnet, props.trn_availability_zone)
         # Grant log delivery through the bucket policy, not ACLs, whatever the app's flags say:
         # ACL delivery needs ObjectWriter ownership, which would re-enable ACLs on the buckets.
         self.node.set_context("@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy", True)
@@ -245,9 +258,11 @@ class TrainingDataPaths(Construct):
         needs), ingress and egress on either side, the clients' side kept in this stack.
 
         Raises:
-            ValueError: a CIDR client with ``efa_fsx`` (EFA takes security groups only).
+            ValueError: a CIDR client with ``efa_fsx`` (EFA takes security groups only), or a
+                node group whose subnet is in another AZ than ``fsx_subnet`` (both known).
         """
         for client in clients:
+            self._check_same_zone(client)
             groups = client.connections.security_groups
             if self.props.efa_fsx and not groups:
                 raise ValueError(
@@ -257,6 +272,18 @@ class TrainingDataPaths(Construct):
             peers: list[ec2.IPeer] = list(groups) or [cast(ec2.IPeer, client)]
             for peer in peers:
                 self._allow_client(peer)
+
+    def _check_same_zone(self, client: ec2.IConnectable) -> None:
+        """A node group mounts FSx in its own AZ only: the trn AZ, where EFA and the
+        placement group keep the nodes."""
+        if not isinstance(client, TrainiumNodeGroup):
+            return
+        zone, fsx_zone = subnet_zone(client.props.subnet), subnet_zone(self.props.fsx_subnet)
+        if zone is not None and fsx_zone is not None and zone != fsx_zone:
+            raise ValueError(
+                f"allow_mount_from: node group {client.node.path!r} is in {zone!r} and "
+                f"fsx_subnet in {fsx_zone!r}; put the file system in the node group's AZ"
+            )
 
     def _allow_client(self, clients: ec2.IPeer) -> None:
         group = self.lustre_security_group

@@ -17,10 +17,10 @@ from trn_catalog.workspace import GPU_NODE_TYPE, GPU_TAINT_KEY
 class GpuNodeGroupProps(TrainiumNodeGroupProps):
     """Props of :class:`GpuNodeGroup`: those of :class:`TrainiumNodeGroupProps`, with
     ``instance_type`` a type of the GPU catalog (:data:`trn_catalog.GPU_CATALOG`, default
-    ``p5.48xlarge``) and ``nodes`` 1 by default."""
+    ``p5.48xlarge``) and ``desired_size`` 1 by default."""
 
     instance_type: str = "p5.48xlarge"
-    nodes: int = 1
+    desired_size: int = 1
 
 
 class GpuNodeGroup(TrainiumNodeGroup):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import cdk_ecr_deployment as ecr_deployment
 from aws_cdk import ArnFormat, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
@@ -16,6 +17,9 @@ from constructs import Construct
 from constructs_lib._common import acknowledge_wildcards
 from constructs_lib._props import props_from
 from trn_catalog import neuron_stacks
+
+if TYPE_CHECKING:
+    import cdk_ecr_deployment as ecr_deployment
 
 COPY_MEMORY_MIB = 3008
 # The bundled image's tags, ``bundled-<content hash>``: the one pattern left out of the
@@ -75,6 +79,7 @@ class TrainingImage(Construct):
 
     Raises:
         ValueError: ``neuron_stack`` not native or xla, or ``keep_images`` below 1.
+        ImportError: cdk-ecr-deployment is not installed (the ``image`` extra).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class TrainingImage(Construct):
         self.neuron_stack = props.neuron_stack
         if props.keep_images < 1:
             raise ValueError(f"keep_images {props.keep_images} is not allowed; use >= 1")
+        self._deployment = ecr_deployment_module()
         key = kms.Key(
             self,
             "RepositoryKey",
@@ -191,11 +197,12 @@ class TrainingImage(Construct):
         self, construct_id: str, asset: ecr_assets.DockerImageAsset, image_uri: str
     ) -> ecr_deployment.ECRDeployment:
         role = self._role
-        copy = ecr_deployment.ECRDeployment(
+        deployment = self._deployment
+        copy: ecr_deployment.ECRDeployment = deployment.ECRDeployment(
             self,
             construct_id,
-            src=ecr_deployment.DockerImageName(asset.image_uri),
-            dest=ecr_deployment.DockerImageName(image_uri),
+            src=deployment.DockerImageName(asset.image_uri),
+            dest=deployment.DockerImageName(image_uri),
             # The construct's own policy is ecr:* and s3:GetObject on every resource; the
             # grants above are all the copy needs.
             role=role.without_policy_updates(),
@@ -205,3 +212,18 @@ class TrainingImage(Construct):
         # The grants live in the role's policy, which the function does not otherwise wait for.
         copy.node.add_dependency(role)
         return copy
+
+
+def ecr_deployment_module() -> ModuleType:
+    """cdklabs' cdk-ecr-deployment, imported only when a TrainingImage copies an image: the rest
+    of the library runs without it (it is the ``image`` extra of the distribution).
+
+    Raises:
+        ImportError: the package is not installed; the message names the extra.
+    """
+    try:
+        return importlib.import_module("cdk_ecr_deployment")
+    except ImportError as error:
+        raise ImportError(
+            "TrainingImage needs the cdk-ecr-deployment package: pip install 'trn-platform[image]'"
+        ) from error

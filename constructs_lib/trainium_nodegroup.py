@@ -18,6 +18,7 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib._common import (
+    check_subnet_zone,
     deny_other_egress,
     launch_template,
     launch_template_data,
@@ -98,14 +99,29 @@ class TrainiumNodeGroupProps:
     Attributes:
         cluster: the EKS cluster (required).
         subnet: the one subnet of the trn AZ (required; EFA and placement need a single AZ).
+        trn_availability_zone: the AZ of the Trainium capacity (a Capacity Block's or
+            reservation's). When given, ``subnet`` must be in it wherever its AZ is known at
+            synth (a subnet made in the app, or imported with ``availability_zone``). Default
+            none: unchecked.
         instance_type: a type from the instance catalog. Default ``trn3.48xlarge``.
-        nodes: desired (and maximum) node count, 0 to 64. Default 2.
+        desired_size: the node count to run. Default 2.
+        min_size: the fewest nodes the group scales in to. Default 0 (a group can be emptied,
+            e.g. before its Capacity Block starts or after it ends; eks.Nodegroup's default is 1).
+        max_size: the most nodes the group scales out to, 1 to 64. Default: ``desired_size``
+            (at least 1). Always ``0 <= min_size <= desired_size <= max_size``.
         capacity: ``on-demand``, ``capacity-block`` or ``odcr``. Default ``on-demand``.
         capacity_reservation_id: the reservation for ``capacity-block`` and ``odcr``.
         root_volume_gib: gp3 root volume, encrypted. Default 512 (Neuron images run to tens of GB).
         node_role: the nodes' role. Default: a new role with the EKS worker, ECR read and SSM
             managed-instance policies.
-        labels: extra Kubernetes labels.
+        labels: Kubernetes labels added to the defaults (``trn-platform/node-type``,
+            ``trn-platform/efa-interfaces``, ``trn-platform/capacity``); a key of the defaults
+            takes the given value, except ``trn-platform/node-type``, which the device plugins
+            and the workspace's runtimes select nodes by.
+        taints: the nodes' taints. Default: :meth:`default_taints` (for Trainium
+            ``aws.amazon.com/neuron=true:NoSchedule``). A list replaces the default (``[]``: no
+            taint); to extend it pass ``[*TrainiumNodeGroup.default_taints(), eks.TaintSpec(...)]``.
+            Pods need a toleration for each (the workspace's runtimes tolerate the default).
         security_groups: extra groups on every network interface, e.g. the Lustre clients
             group. Default none (the EFA group and the cluster security group are always on).
         name_prefix: the node group is named ``<name_prefix>-<8 hex digits>``, the digits a
@@ -120,13 +136,17 @@ class TrainiumNodeGroupProps:
 
     cluster: eks.ICluster
     subnet: ec2.ISubnet
+    trn_availability_zone: str | None = None
     instance_type: str = "trn3.48xlarge"
-    nodes: int = 2
+    desired_size: int = 2
+    min_size: int = 0
+    max_size: int | None = None
     capacity: CapacityMode = "on-demand"
     capacity_reservation_id: str | None = None
     root_volume_gib: int = 512
     node_role: iam.IRole | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[eks.TaintSpec] | None = None
     security_groups: Sequence[ec2.ISecurityGroup] = ()
     name_prefix: str | None = None
     lnc: int | None = None
@@ -159,7 +179,11 @@ class TrainiumNodeGroup(Construct):
 
     Raises:
         ValueError: a cluster imported without ``vpc`` or ``cluster_security_group_id``, a
-            public ``subnet``, unknown instance type, nodes out of 0..64, a reservation mode
+            public ``subnet``, a ``subnet`` outside ``trn_availability_zone``, unknown instance
+            type, sizes outside ``0 <= min_size <= desired_size <= max_size`` or ``max_size``
+            outside 1..64, a taint without a key or with a key or value over 63 characters, two
+            taints of one key and effect, a ``trn-platform/node-type`` label of another value,
+            a reservation mode
             without a valid reservation id, a reservation id with on-demand, a root volume under
             100 GiB, a name prefix EKS would refuse, or an ``lnc`` the type does not take.
     """
@@ -183,6 +207,7 @@ class TrainiumNodeGroup(Construct):
         super().__init__(scope, construct_id)
         props = props_from(self.PROPS, props, kwargs)
         self.spec: Any = _validate(props, self._lookup)
+        _check_labels(props.labels, self.NODE_TYPE)
         self.props = props
         self.efa_security_group = self._efa_security_group()
         # The groups of ours on every interface; the cluster's own group is left to its owner.
@@ -205,6 +230,12 @@ class TrainiumNodeGroup(Construct):
         )
         self.nodegroup = self._nodegroup()
         self.nodegroup_name: str = self._name or self.nodegroup.nodegroup_name
+
+    @classmethod
+    def default_taints(cls) -> list[eks.TaintSpec]:
+        """The taints a group gets without ``taints``: ``<TAINT_KEY>=true:NoSchedule``, so that
+        only pods asking for the accelerator (and tolerating it) land on these nodes."""
+        return [eks.TaintSpec(key=cls.TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)]
 
     def _efa_security_group(self) -> ec2.SecurityGroup:
         group = ec2.SecurityGroup(
@@ -329,14 +360,12 @@ class TrainiumNodeGroup(Construct):
             ),
             subnets=ec2.SubnetSelection(subnets=[props.subnet]),
             node_role=self.node_role,
-            min_size=0,
-            max_size=max(props.nodes, 1),
-            desired_size=props.nodes,
+            min_size=props.min_size,
+            max_size=_max_size(props),
+            desired_size=props.desired_size,
             max_unavailable=1,
             enable_node_auto_repair=True,
-            taints=[
-                eks.TaintSpec(key=self.TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)
-            ],
+            taints=list(self.default_taints() if props.taints is None else props.taints),
             labels={
                 NODE_TYPE_LABEL: self.NODE_TYPE,
                 "trn-platform/efa-interfaces": str(self.spec.efa_interfaces),
@@ -383,6 +412,7 @@ def _imported(cluster: eks.ICluster, attribute: str) -> Any:
 def _check_cluster_and_subnet(props: TrainiumNodeGroupProps) -> None:
     vpc: ec2.IVpc = _imported(props.cluster, "vpc")
     _imported(props.cluster, "cluster_security_group_id")
+    check_subnet_zone("subnet", props.subnet, props.trn_availability_zone)
     public = {subnet.node.path for subnet in vpc.public_subnets}
     if props.subnet.node.path in public:
         raise ValueError(
@@ -397,10 +427,8 @@ def _validate(props: TrainiumNodeGroupProps, lookup: Callable[[str], Any]) -> An
         spec = lookup(props.instance_type)
     except KeyError as error:
         raise ValueError(f"instance_type: {error}") from None
-    if not 0 <= props.nodes <= formats.MAX_BLOCK_INSTANCES:
-        raise ValueError(
-            f"nodes {props.nodes} is not allowed; use 0 to {formats.MAX_BLOCK_INSTANCES}"
-        )
+    _check_sizes(props)
+    _check_taints(props.taints or ())
     reservation = props.capacity_reservation_id
     if props.capacity == "on-demand":
         if reservation is not None:
@@ -435,3 +463,54 @@ def _validate(props: TrainiumNodeGroupProps, lookup: Callable[[str], Any]) -> An
             "'-' or '_', starting with a letter or digit"
         )
     return spec
+
+
+def _max_size(props: TrainiumNodeGroupProps) -> int:
+    return max(props.desired_size, 1) if props.max_size is None else props.max_size
+
+
+def _check_sizes(props: TrainiumNodeGroupProps) -> None:
+    """0 <= min_size <= desired_size <= max_size, max_size 1..64 (EKS needs room for one node;
+    64 is the catalog's largest Capacity Block)."""
+    limit = formats.MAX_BLOCK_INSTANCES
+    maximum = _max_size(props)
+    if not 1 <= maximum <= limit:
+        raise ValueError(f"max_size {maximum} is not allowed; use 1 to {limit}")
+    for name, value in (("min_size", props.min_size), ("desired_size", props.desired_size)):
+        if value < 0:
+            raise ValueError(f"{name} {value} is not allowed; use 0 or more")
+    if props.min_size > props.desired_size:
+        raise ValueError(
+            f"min_size {props.min_size} is greater than desired_size {props.desired_size}; "
+            "use 0 <= min_size <= desired_size <= max_size"
+        )
+    if props.desired_size > maximum:
+        raise ValueError(
+            f"desired_size {props.desired_size} is greater than max_size {maximum}; "
+            "use 0 <= min_size <= desired_size <= max_size"
+        )
+
+
+def _check_taints(taints: Sequence[eks.TaintSpec]) -> None:
+    """The EKS API's limits on a taint (key 1 to 63 characters, value up to 63) and Kubernetes'
+    rule of one taint per key and effect."""
+    seen: set[tuple[str, Any]] = set()
+    for taint in taints:
+        key, value = taint.key or "", taint.value or ""
+        if not 1 <= len(key) <= 63 or len(value) > 63:
+            raise ValueError(
+                f"taints: key {key!r} value {value!r} is not allowed; a taint needs a key of 1 "
+                "to 63 characters and a value of at most 63"
+            )
+        if (key, taint.effect) in seen:
+            raise ValueError(f"taints: key {key!r} appears twice with one effect; give it once")
+        seen.add((key, taint.effect))
+
+
+def _check_labels(labels: Mapping[str, str], node_type: str) -> None:
+    given = labels.get(NODE_TYPE_LABEL, node_type)
+    if given != node_type:
+        raise ValueError(
+            f"labels: {NODE_TYPE_LABEL}={given!r} is not allowed; the device plugins and the "
+            f"workspace's runtimes select these nodes by {NODE_TYPE_LABEL}={node_type}"
+        )

@@ -75,7 +75,7 @@ def _group_props(
     return {
         "subnet": network.trn_subnet,
         "instance_type": capacity.instance_type,
-        "nodes": capacity.nodes,
+        "desired_size": capacity.nodes,
         "capacity": capacity.capacity,
         "capacity_reservation_id": capacity.capacity_reservation_id,
         "security_groups": [network.lustre_clients],

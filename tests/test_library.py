@@ -1,7 +1,8 @@
-"""constructs_lib as a library: installed from a wheel into another app, and stable ids."""
+"""constructs_lib as a library: the wheels, installed into another app, and stable ids."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,67 +17,135 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 
 import constructs_lib
-from constructs_lib import TrainingNetwork, TrainingNetworkProps
-from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
+from constructs_lib import TrainingNetwork, TrainiumNodeGroup
 
 assert "site" in constructs_lib.__file__, constructs_lib.__file__
 app = cdk.App()
 stack = cdk.Stack(app, "TheirApp", env=cdk.Environment(account="210987654321", region="us-west-2"))
 vpc = ec2.Vpc(stack, "TheirVpc", availability_zones=["us-west-2a", "us-west-2b"], nat_gateways=1)
-network = TrainingNetwork(
-    stack, "Training", props=TrainingNetworkProps(trn_availability_zone="us-west-2b", vpc=vpc)
-)
+network = TrainingNetwork(stack, "Training", trn_availability_zone="us-west-2b", vpc=vpc)
 cluster = eks.Cluster.from_cluster_attributes(
     stack, "TheirCluster", cluster_name="research", vpc=network.vpc,
     cluster_security_group_id="sg-0123456789abcdef0",
 )
 TrainiumNodeGroup(
-    stack, "Trn2", props=TrainiumNodeGroupProps(
-        cluster=cluster, subnet=network.trn_subnet, instance_type="trn2.48xlarge", nodes=4,
-        capacity="capacity-block", capacity_reservation_id="cr-0123456789abcdef0",
-    ),
+    stack, "Trn2", cluster=cluster, subnet=network.trn_subnet, instance_type="trn2.48xlarge",
+    desired_size=4, capacity="capacity-block", capacity_reservation_id="cr-0123456789abcdef0",
 )
 app.synth()
 """
+# What each distribution may put at the top of site-packages: names of ours alone.
+LIBRARY_TOP_LEVEL = {"constructs_lib", "trn_catalog"}
+OPS_TOP_LEVEL = {"trnctl", "trainer"}
+
+
+def _pip(*args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _tree_state() -> str:
+    """Every changed, untracked and ignored path of the checkout."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project built as a wheel and installed, without dependencies, into a bare folder."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The library's and the ops tools' wheels, built from the checkout (no download: the build
+    backend is a dev requirement) and checked to write nothing into it."""
+    out = tmp_path_factory.mktemp("wheels")
+    before = _tree_state()
+    for project in (ROOT, ROOT / "ops"):
+        _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(project))
+    assert _tree_state() == before, "building a wheel wrote into the checkout"
+    (library,) = out.glob("trn_platform-*.whl")
+    (ops,) = out.glob("trn_platform_ops-*.whl")
+    return {"library": library, "ops": ops}
+
+
+def _install(wheel: Path, target: Path) -> Path:
+    """``wheel`` installed, without dependencies, into a bare folder (its scripts in bin/)."""
+    _pip("install", "--no-deps", "--target", str(target), str(wheel))
+    return target
+
+
+@pytest.fixture(scope="module")
+def installed(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("library")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(work / "wheels"),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (work / "wheels").glob("*.whl")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(work / "site"),
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    _install(wheels["library"], work / "site")
     return work
+
+
+def _top_level(site: Path) -> set[str]:
+    return {
+        p.name
+        for p in site.iterdir()
+        if not p.name.endswith(".dist-info") and p.name not in {"bin", "__pycache__"}
+    }
+
+
+def _console_scripts(site: Path) -> list[str]:
+    (info,) = site.glob("*.dist-info")
+    entry_points = info / "entry_points.txt"
+    if not entry_points.exists():
+        return []
+    lines = entry_points.read_text().split("[console_scripts]", 1)[-1].splitlines()
+    return [line.split("=")[0].strip() for line in lines if "=" in line]
+
+
+def test_the_library_installs_only_its_own_names_and_no_command(installed: Path) -> None:
+    site = installed / "site"
+    assert _top_level(site) == LIBRARY_TOP_LEVEL
+    assert _console_scripts(site) == []
+    assert not (site / "bin").exists()
+
+
+def test_the_library_needs_only_aws_cdk_lib_and_constructs(installed: Path) -> None:
+    (info,) = (installed / "site").glob("*.dist-info")
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in (info / "METADATA").read_text().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    always = sorted(r.split("<")[0].split(">")[0] for r in requires if "extra ==" not in r)
+    assert always == ["aws-cdk-lib", "constructs"]
+    assert any(r.startswith("cdk-ecr-deployment") and "extra == 'image'" in r for r in requires)
+
+
+def test_every_command_of_the_ops_wheel_runs(
+    wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    site = _install(wheels["ops"], tmp_path_factory.mktemp("ops") / "site")
+    assert _top_level(site) == OPS_TOP_LEVEL
+    scripts = _console_scripts(site)
+    assert sorted(scripts) == ["trn-train", "trnctl"]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for script in scripts:
+        result = subprocess.run(
+            [str(site / "bin" / script), "--help"], env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, (script, result.stderr[-2000:])
+        assert "usage" in result.stdout.lower(), script
+
+
+def test_the_set_up_environment_runs_the_checkout_not_copies() -> None:
+    """make setup's editable installs put the checkout on sys.path: no copy of trnctl or the
+    trainer in site-packages that would go stale as the tree changes."""
+    code = "import trainer, trnctl; print(trainer.__file__); print(trnctl.__file__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True
+    )
+    for path in result.stdout.split():
+        assert Path(path).is_relative_to(ROOT), path
 
 
 def test_wheel_carries_types_and_the_reaper(installed: Path) -> None:
@@ -109,8 +178,36 @@ def test_another_app_composes_the_installed_constructs(installed: Path) -> None:
     groups = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
     (group,) = groups
     assert group["Properties"]["CapacityType"] == "CAPACITY_BLOCK"
+    assert group["Properties"]["ScalingConfig"]["DesiredSize"] == 4
     vpcs = [r for r in template["Resources"].values() if r["Type"] == "AWS::EC2::VPC"]
     assert len(vpcs) == 1  # theirs; the construct created none
+
+
+WITHOUT_OPTIONAL = """
+import sys
+# As if cdk-ecr-deployment, cdk-nag and the kubectl layer were not installed.
+for name in ("cdk_ecr_deployment", "cdk_nag", "aws_cdk.lambda_layer_kubectl_v35"):
+    sys.modules[name] = None
+import aws_cdk as cdk
+import constructs_lib
+stack = cdk.Stack(cdk.App(), "S")
+try:
+    constructs_lib.TrainingImage(stack, "Image", directory=".")
+except ImportError as error:
+    print(error)
+"""
+
+
+def test_the_library_imports_without_its_optional_dependencies() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_OPTIONAL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TrainingImage needs the cdk-ecr-deployment package" in result.stdout
+    assert "trn-platform[image]" in result.stdout
 
 
 def test_importing_the_library_has_no_side_effects() -> None:
@@ -136,6 +233,82 @@ def test_importing_the_library_has_no_side_effects() -> None:
         "CATALOG",
         "instance_spec",
     } <= exported
+
+
+LIBRARY_SECTION = ("## The constructs in your own CDK app", "## Layout")
+# Per adoption path of the README: resource types its app must make and must not.
+ADOPTION_PATHS = {
+    "Whole platform in your app": (
+        {
+            "AWS::EKS::Cluster",
+            "AWS::EKS::Nodegroup",
+            "AWS::FSx::FileSystem",
+            "Custom::AWSCDK-EKS-HelmChart",
+            "Custom::AWSCDK-EKS-KubernetesResource",
+        },
+        set(),
+    ),
+    "Plugins on your cluster": (
+        {"Custom::AWSCDK-EKS-HelmChart", "AWS::EKS::Nodegroup"},
+        {"AWS::EKS::Cluster"},
+    ),
+    "Node group only": ({"AWS::EKS::Nodegroup"}, {"Custom::AWSCDK-EKS-HelmChart", "AWS::EC2::VPC"}),
+    "Data paths only": ({"AWS::FSx::FileSystem"}, {"AWS::EC2::VPC"}),
+}
+RUN_INSTALLED = (
+    "import runpy, constructs_lib\n"
+    "assert 'site' in constructs_lib.__file__, constructs_lib.__file__\n"
+    "runpy.run_path('app.py', run_name='__main__')\n"
+)
+
+
+def readme_examples() -> dict[str, str]:
+    """The README library section's examples, by the title of their subsection."""
+    text = (ROOT / "README.md").read_text()
+    start, end = (text.index(heading) for heading in LIBRARY_SECTION)
+    found = re.findall(r"^### (.+?)\n.*?```python\n(.*?)```", text[start:end], flags=re.S | re.M)
+    return dict(found)
+
+
+def test_the_readme_shows_one_example_per_adoption_path() -> None:
+    examples = readme_examples()
+    assert set(examples) == set(ADOPTION_PATHS)
+    for code in examples.values():
+        assert "from_lookup" not in code, "lookups need an AWS account; examples stay offline"
+        assert "props=" not in code, "the docs show keyword arguments"
+
+
+@pytest.mark.parametrize("path", sorted(ADOPTION_PATHS))
+def test_each_readme_example_synthesizes_against_the_wheel(installed: Path, path: str) -> None:
+    app_dir = installed / re.sub(r"\W+", "-", path.lower())
+    app_dir.mkdir()
+    (app_dir / "app.py").write_text(readme_examples()[path])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(installed / "site"),
+        "CDK_OUTDIR": str(app_dir / "out"),
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    result = subprocess.run(
+        [sys.executable, "-s", "-c", RUN_INSTALLED],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    resources = {
+        name: resource
+        for template in (app_dir / "out").glob("*.template.json")
+        for name, resource in json.loads(template.read_text()).get("Resources", {}).items()
+    }
+    types = {r["Type"] for r in resources.values()}
+    wanted, unwanted = ADOPTION_PATHS[path]
+    assert wanted <= types, wanted - types
+    assert not unwanted & types, unwanted & types
+    if path == "Data paths only":
+        policies = json.dumps([r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"])
+        assert "kms:Decrypt" in policies and "key/0123abcd-0123-4567-89ab-0123456789ab" in policies
 
 
 # Changing one of these replaces a stateful resource (and its data) on the next deploy.

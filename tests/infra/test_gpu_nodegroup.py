@@ -194,7 +194,7 @@ def test_replacement_safe_name(
             {"instance_type": "trn2.48xlarge"},
             r"instance_type: instance type 'trn2\.48xlarge' is not in the GPU instance catalog",
         ),
-        ({"nodes": 65}, r"nodes 65 is not allowed; use 0 to 64"),
+        ({"desired_size": 65}, r"max_size 65 is not allowed; use 1 to 64"),
         ({"capacity": "odcr", "capacity_reservation_id": "cr-1"}, r"capacity_reservation_id"),
         ({"capacity_reservation_id": RESERVATION}, r"only used with capacity"),
     ],

@@ -176,7 +176,7 @@ def test_efa_security_group_is_open_to_itself_only(
     ("overrides", "message"),
     [
         ({"instance_type": "p5.48xlarge"}, r"instance_type: .*'p5\.48xlarge' is not in the"),
-        ({"nodes": 65}, r"nodes 65 is not allowed; use 0 to 64"),
+        ({"desired_size": 65}, r"max_size 65 is not allowed; use 1 to 64"),
         (
             {"capacity": "odcr", "capacity_reservation_id": "cr-1"},
             r"capacity_reservation_id 'cr-1'",
@@ -247,7 +247,7 @@ def test_a_replaced_node_group_gets_a_new_name(
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"nodes": 4},
+        {"desired_size": 4},
         {"instance_type": "trn2.48xlarge"},
         {"root_volume_gib": 1024},
         {"labels": {"a": "b"}},
@@ -280,7 +280,7 @@ def test_a_capacity_block_group_is_replaced_not_updated(
 
 
 def test_a_capacity_block_group_scales_in_place(base_names: dict[str, str]) -> None:
-    assert name_of(**CAPACITY_BLOCK, nodes=0) == base_names["capacity-block"]
+    assert name_of(**CAPACITY_BLOCK, desired_size=0) == base_names["capacity-block"]
 
 
 def test_a_capacity_block_group_follows_the_stack_tags_of_its_instances(
