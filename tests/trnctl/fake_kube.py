@@ -236,3 +236,17 @@ def serve() -> Iterator[FakeKube]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def training_runtime(pod: dict[str, Any], name: str = "neuron-torch") -> dict[str, Any]:
+    """A TrainingRuntime whose one replicated job (``node``, the trainer step) runs ``pod``: the
+    parts of a runtime the drift check reads, as the workspace writes them."""
+    trainer = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    job_template = {"metadata": {"labels": trainer}, "spec": {"template": {"spec": pod}}}
+    node = {"name": "node", "template": job_template}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": name, "namespace": "training"},
+        "spec": {"mlPolicy": {"torch": {}}, "template": {"spec": {"replicatedJobs": [node]}}},
+    }

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import boto3
 import botocore.session
 import pytest
-from fake_kube import FakeKube, serve
+from fake_kube import FakeKube, serve, training_runtime
 from test_trnctl_aws import OUTPUTS
 
 import trn_catalog
@@ -33,28 +33,7 @@ def _runtime(efa: int = SPEC.efa_interfaces) -> dict[str, Any]:
     }
     env = [{"name": "TRN_INSTANCE_TYPE", "value": SPEC.name}]
     pod = {"containers": [{"name": "node", "env": env, "resources": {"limits": limits}}]}
-    trainer = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "neuron-torch", "namespace": "training"},
-        "spec": {
-            "mlPolicy": {"torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": trainer},
-                                "spec": {"template": {"spec": pod}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return training_runtime(pod)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from fake_kube import training_runtime
 
 from tests.conftest import sample_outputs
 from trnctl import jobs, kube, preflight, validation
@@ -172,28 +173,7 @@ def dra_runtime() -> dict[str, Any]:
             }
         ],
     }
-    return {
-        "spec": {
-            "mlPolicy": {"torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {
-                                    "labels": {
-                                        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"
-                                    }
-                                },
-                                "spec": {"template": {"spec": pod}},
-                            },
-                        }
-                    ]
-                }
-            },
-        }
-    }
+    return training_runtime(pod)
 
 
 def test_a_dra_runtime_is_not_drift_and_a_container_without_the_claim_is() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from fake_kube import FakeKube, serve
+from fake_kube import FakeKube, serve, training_runtime
 from test_trnctl_aws import OUTPUTS
 
 import trn_catalog
@@ -266,27 +266,7 @@ def gpu_runtime(spec: trn_catalog.GpuInstanceSpec, **changes: Any) -> dict[str, 
         ),
         "containers": [{"name": "node", "env": env, "resources": {"limits": limits}}],
     }
-    ancestor = {ws.TRAINER_ANCESTOR_LABEL: ws.TRAINER_ANCESTOR}
-    return {
-        "kind": "TrainingRuntime",
-        "metadata": {"name": ws.GPU_RUNTIME_NAME},
-        "spec": {
-            "mlPolicy": {"torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {"labels": ancestor},
-                                "spec": {"template": {"spec": pod}},
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    return training_runtime(pod, ws.GPU_RUNTIME_NAME)
 
 
 P5 = trn_catalog.get_gpu("p5.48xlarge")
