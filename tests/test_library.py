@@ -58,6 +58,11 @@ def _tree_state() -> str:
     ).stdout
 
 
+# The wheels are built and installed once per worker that runs a test of this module: all of it
+# runs on one worker, first (tests/scheduling.py), as the builds and synths take ~40 s of CPU.
+pytestmark = [pytest.mark.xdist_group("library-wheels"), pytest.mark.slow]
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The library's and the ops tools' wheels, built from the checkout (no download: the build
