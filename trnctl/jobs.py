@@ -404,7 +404,7 @@ def render(
         chosen = job_lnc(outputs, lnc)
         default_image, ranks = outputs.image_uri, ranks_per_node(outputs, chosen)
         if outputs.devices == "dra":
-            runtime = device_modes.runtime_name(_trn_spec(outputs), chosen)
+            runtime = device_modes.runtime_name(trn_spec_of(outputs), chosen)
     trainer: dict[str, Any] = {
         "image": image or default_image,
         "numNodes": nodes,
@@ -514,18 +514,22 @@ def gpu_ranks_per_node(outputs: EnvironmentOutputs) -> int:
     return gpu_spec_of(outputs).gpus
 
 
-def ranks_per_node(outputs: EnvironmentOutputs, lnc: int | None = None) -> int:
+def ranks_per_node(outputs: EnvironmentOutputs, lnc: int) -> int:
     """The TrainJob's ``numProcPerNode``: the catalog's logical NeuronCores of the environment's
-    instance type at ``lnc`` (default: the environment's, :func:`job_lnc`).
+    instance type at ``lnc`` (the job's, :func:`job_lnc`).
 
     Raises:
         TrnctlError: FAILED, the instance type is not in the catalog.
     """
-    spec = _trn_spec(outputs)
-    return device_modes.logical_cores(spec, job_lnc(outputs, lnc) if lnc is None else lnc)
+    return device_modes.logical_cores(trn_spec_of(outputs), lnc)
 
 
-def _trn_spec(outputs: EnvironmentOutputs) -> InstanceSpec:
+def trn_spec_of(outputs: EnvironmentOutputs) -> InstanceSpec:
+    """The catalog entry of the environment's trn instance type.
+
+    Raises:
+        TrnctlError: FAILED, the type is not in the catalog.
+    """
     try:
         return trn_catalog.get(outputs.instance_type)
     except trn_catalog.UnknownInstanceTypeError as error:
@@ -537,7 +541,7 @@ def _trn_spec(outputs: EnvironmentOutputs) -> InstanceSpec:
 def node_lnc(outputs: EnvironmentOutputs) -> int:
     """The trn nodes' LNC on the device-plugin path: the outputs' ``lnc``, else (0, and under
     DRA) the type's default."""
-    return outputs.lnc or _trn_spec(outputs).default_lnc
+    return outputs.lnc or trn_spec_of(outputs).default_lnc
 
 
 def job_lnc(outputs: EnvironmentOutputs, lnc: int | None) -> int:
@@ -551,7 +555,7 @@ def job_lnc(outputs: EnvironmentOutputs, lnc: int | None) -> int:
             than 1 or 2, or another LNC than the nodes' on the device-plugin path; FAILED for a
             type outside the catalog.
     """
-    spec = _trn_spec(outputs)
+    spec = trn_spec_of(outputs)
     if lnc is None:
         return node_lnc(outputs)
     problem = device_modes.lnc_problem(spec, lnc)

@@ -18,7 +18,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-import trn_catalog
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import aws, environment, jobs, kube, preflight, transfer
 from trnctl.errors import ExitCode, TrnctlError
@@ -66,20 +65,6 @@ def outputs_of(env: str, region: str | None) -> EnvironmentOutputs:
 def cluster_of(outputs: EnvironmentOutputs) -> kube.Cluster:
     api = kube.connect(outputs.cluster_name, outputs.region)
     return kube.Cluster(api, outputs.namespace)
-
-
-def spec_of(outputs: EnvironmentOutputs) -> trn_catalog.InstanceSpec:
-    """The catalog entry of the environment's trn instance type.
-
-    Raises:
-        TrnctlError: FAILED when the type has left the catalog.
-    """
-    try:
-        return trn_catalog.get(outputs.instance_type)
-    except trn_catalog.UnknownInstanceTypeError as error:
-        raise TrnctlError(
-            f"environment {outputs.environment!r}: {error}", ExitCode.FAILED
-        ) from None
 
 
 def print_checks(title: str, first_column: str, checks: list[preflight.Check]) -> None:

@@ -261,7 +261,7 @@ def _spec_of(
 ) -> trn_catalog.InstanceSpec | trn_catalog.GpuInstanceSpec:
     """The catalog entry of the target's node group (after :func:`jobs.require_target`)."""
     jobs.require_target(outputs, target)
-    return jobs.gpu_spec_of(outputs) if target == jobs.GPU else common.spec_of(outputs)
+    return jobs.gpu_spec_of(outputs) if target == jobs.GPU else jobs.trn_spec_of(outputs)
 
 
 def _node_count(outputs: EnvironmentOutputs, nodes: int | None, target: str) -> int:

@@ -40,7 +40,7 @@ def validate_command(
     """Run a validation job on every trn node (Neuron devices and cores, EFA interfaces, an
     all-reduce across all ranks) and check it against the catalog; exit 1 if a node fails."""
     outputs = common.outputs_of(env, region)
-    spec = common.spec_of(outputs)
+    spec = jobs.trn_spec_of(outputs)
     job = validation.render(
         outputs, now=datetime.now(UTC), name=name, image=image, size_mib=size_mib
     )
