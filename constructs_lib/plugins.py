@@ -258,6 +258,13 @@ def _npd_values() -> dict[str, Any]:
     }
 
 
+def _dra_types() -> list[str]:
+    """The catalog's types the Neuron DRA driver serves (trn2/trn3), sorted."""
+    return sorted(
+        name for name, spec in trn_catalog.CATALOG.items() if device_modes.supports_dra(spec)
+    )
+
+
 def _neuron_dra_values() -> dict[str, Any]:
     """The Neuron chart with its DRA driver: device plugin and scheduler extension off (the
     chart's validateConfig fails the render otherwise), the driver on the catalog's types (its
@@ -270,9 +277,7 @@ def _neuron_dra_values() -> dict[str, Any]:
     # managed node group replaces it. DRA's own per-device health (device taints) is beta and
     # not in chart 1.9.0; without the detector a broken DRA node would keep taking jobs.
     return {
-        "neuronInstances": sorted(
-            name for name, spec in trn_catalog.CATALOG.items() if device_modes.supports_dra(spec)
-        ),
+        "neuronInstances": _dra_types(),
         "devicePlugin": {"enabled": False},
         "scheduler": {"enabled": False},
         "npd": _npd_values(),
@@ -306,11 +311,7 @@ def dranet_values() -> dict[str, Any]:
     return {
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
-            "values": sorted(
-                name
-                for name, spec in trn_catalog.CATALOG.items()
-                if device_modes.supports_dra(spec)
-            ),
+            "values": _dra_types(),
         },
         "tolerations": [NEURON_TOLERATION],
         "deviceClass": {"create": True, "name": device_modes.EFA_DEVICE_CLASS},
