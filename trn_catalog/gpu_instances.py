@@ -14,10 +14,11 @@ way to know.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
+from trn_catalog.hosts import HostSpec
 from trn_catalog.instances import UnknownInstanceTypeError
 
 InterfaceType = Literal["interface", "efa", "efa-only"]
@@ -60,33 +61,22 @@ GPU_SOURCES: Mapping[str, str] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True)
-class GpuInstanceSpec:
+@dataclass(frozen=True, kw_only=True)
+class GpuInstanceSpec(HostSpec):
     """Facts about one NVIDIA GPU instance type.
 
     ``sources`` maps each fact field to a key of :data:`GPU_SOURCES`; ``unverified`` names the
     fields that no primary source confirms.
     """
 
-    name: str
+    citations = GPU_SOURCES
+
     gpu: str
     gpus: int
     gpu_memory_gib_per_gpu: int
-    vcpus: int
-    memory_gib: int
-    network_cards: int
     max_network_interfaces: int
-    efa_interfaces: int
-    efa_gbps: int
     efa_rdma: bool
     bf16_tflops_per_gpu: float
-    instance_store_gb: int
-    sources: Mapping[str, str] = field(repr=False)
-    unverified: frozenset[str] = frozenset()
-
-    @property
-    def family(self) -> str:
-        return self.name.split(".", 1)[0]
 
     @property
     def gpu_memory_gib(self) -> int:
@@ -100,18 +90,6 @@ class GpuInstanceSpec:
     def interfaces_per_card(self) -> int:
         """Network interfaces one network card takes (the type's maximum over its cards)."""
         return self.max_network_interfaces // self.network_cards
-
-    @property
-    def multi_node_efa(self) -> bool:
-        return self.efa_interfaces > 1
-
-    @property
-    def verified(self) -> bool:
-        return not self.unverified
-
-    def source_of(self, fact: str) -> str:
-        """The citation for one field, for example ``source_of("network_cards")``."""
-        return GPU_SOURCES[self.sources[fact]]
 
     def efa_layout(self) -> tuple[tuple[int, int, InterfaceType], ...]:
         """(network card, device index, interface type) of every interface, as EC2 documents

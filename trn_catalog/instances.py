@@ -12,8 +12,10 @@ against the real account (``ec2:DescribeInstanceTypes``) is the way to confirm i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
+
+from trn_catalog.hosts import HostSpec
 
 # Sources, cited by key so that each fact names where it came from.
 SOURCES: Mapping[str, str] = MappingProxyType(
@@ -53,33 +55,22 @@ SOURCES: Mapping[str, str] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True)
-class InstanceSpec:
+@dataclass(frozen=True, kw_only=True)
+class InstanceSpec(HostSpec):
     """Facts about one Trainium instance type.
 
     ``sources`` maps each field name to a key of :data:`SOURCES`; ``unverified`` names the fields
     that no primary source confirms.
     """
 
-    name: str
+    citations = SOURCES
+
     generation: int
     chips: int
     neuron_cores_per_chip: int
     device_memory_gib_per_chip: int
-    vcpus: int
-    memory_gib: int
-    efa_interfaces: int
-    network_cards: int
-    efa_gbps: int
     bf16_tflops_per_chip: float
     fp8_tflops_per_chip: float
-    instance_store_gb: int
-    sources: Mapping[str, str] = field(repr=False)
-    unverified: frozenset[str] = frozenset()
-
-    @property
-    def family(self) -> str:
-        return self.name.split(".", 1)[0]
 
     @property
     def neuron_cores(self) -> int:
@@ -103,19 +94,6 @@ class InstanceSpec:
     @property
     def peak_bf16_tflops(self) -> float:
         return self.chips * self.bf16_tflops_per_chip
-
-    @property
-    def multi_node_efa(self) -> bool:
-        """True when the type has more than one EFA interface (a multi-node training size)."""
-        return self.efa_interfaces > 1
-
-    @property
-    def verified(self) -> bool:
-        return not self.unverified
-
-    def source_of(self, fact: str) -> str:
-        """The citation for one field, for example ``source_of("efa_interfaces")``."""
-        return SOURCES[self.sources[fact]]
 
 
 FACT_FIELDS: tuple[str, ...] = (
