@@ -11,6 +11,7 @@ from aws_cdk.assertions import Template
 
 import trn_catalog
 from constructs_lib import GpuNodeGroup, GpuNodeGroupProps
+from tests.template_parts import launch_data, nodegroup, of_type
 
 RESERVATION = "cr-0123456789abcdef0"
 TYPES = ("p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge", "g6e.48xlarge")
@@ -65,22 +66,6 @@ def variants(
     synthesized: dict[str, tuple[GpuNodeGroup, dict[str, Any]]],
 ) -> dict[tuple[str, str], dict[str, Any]]:
     return {(t, m): synthesized[f"{t}/{m}"][1] for t, m in VARIANTS}
-
-
-def of_type(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
-    return [r for r in template["Resources"].values() if r["Type"] == resource_type]
-
-
-def launch_data(template: dict[str, Any]) -> dict[str, Any]:
-    (resource,) = of_type(template, "AWS::EC2::LaunchTemplate")
-    data: dict[str, Any] = resource["Properties"]["LaunchTemplateData"]
-    return data
-
-
-def nodegroup(template: dict[str, Any]) -> dict[str, Any]:
-    (group,) = of_type(template, "AWS::EKS::Nodegroup")
-    props: dict[str, Any] = group["Properties"]
-    return props
 
 
 @pytest.mark.parametrize(("instance_type", "mode"), VARIANTS)

@@ -10,10 +10,11 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
-from test_trainium_nodegroup import build, launch_data
+from test_trainium_nodegroup import build
 
 from constructs_lib import GpuNodeGroup
 from constructs_lib.trainium_nodegroup import user_data
+from tests.template_parts import launch_data
 
 OLD_USER_DATA = """MIME-Version: 1.0
 Content-Type: multipart/mixed; boundary="//"

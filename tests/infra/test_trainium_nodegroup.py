@@ -14,6 +14,7 @@ from aws_cdk.assertions import Template
 import trn_catalog
 from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
 from constructs_lib.trainium_nodegroup import REPLACING_PROPERTIES
+from tests.template_parts import launch_data, nodegroup, of_type
 
 RESERVATION = "cr-0123456789abcdef0"
 TYPES = ("trn3.48xlarge", "trn2.48xlarge", "trn1.32xlarge")
@@ -38,22 +39,6 @@ def build(tweak: Tweak | None = None, **overrides: Any) -> tuple[TrainiumNodeGro
         props.setdefault("capacity_reservation_id", RESERVATION)
     group = TrainiumNodeGroup(stack, "Trn", props=TrainiumNodeGroupProps(**props))
     return group, Template.from_stack(stack).to_json()
-
-
-def of_type(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
-    return [r for r in template["Resources"].values() if r["Type"] == resource_type]
-
-
-def launch_data(template: dict[str, Any]) -> dict[str, Any]:
-    (template_resource,) = of_type(template, "AWS::EC2::LaunchTemplate")
-    data: dict[str, Any] = template_resource["Properties"]["LaunchTemplateData"]
-    return data
-
-
-def nodegroup(template: dict[str, Any]) -> dict[str, Any]:
-    (group,) = of_type(template, "AWS::EKS::Nodegroup")
-    props: dict[str, Any] = group["Properties"]
-    return props
 
 
 @pytest.fixture(scope="module")
