@@ -1,10 +1,14 @@
 """constructs_lib as a library: the wheels, installed into another app, and stable ids."""
 
+import ast
+import importlib.metadata
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -140,6 +144,85 @@ def test_every_command_of_the_ops_wheel_runs(
         )
         assert result.returncode == 0, (script, result.stderr[-2000:])
         assert "usage" in result.stdout.lower(), script
+
+
+def test_prepare_data_from_the_ops_wheel_finds_its_shipped_corpus(
+    wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    site = _install(wheels["ops"], tmp_path / "site")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = tmp_path / "data"
+    result = subprocess.run(
+        [str(site / "bin" / "trn-train"), "prepare-data", "--out", str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"] == "bytes-v1" and manifest["shards"]
+
+
+def _requirements(wheel: Path) -> set[str]:
+    """Distribution names the wheel requires, with or without an extra."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = archive.read(name).decode()
+    return {
+        re.split(r"[<>=!~;\[ ]", line.removeprefix("Requires-Dist: "), maxsplit=1)[0].lower()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist: ")
+    }
+
+
+def _imported_top_levels(wheel: Path) -> set[str]:
+    """Top-level modules that the wheel's Python files import, at module level or inside
+    functions alike."""
+    found: set[str] = set()
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if not name.endswith(".py"):
+                continue
+            for node in ast.walk(ast.parse(archive.read(name))):
+                if isinstance(node, ast.Import):
+                    found |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_ops_wheel_declares_every_distribution_it_imports(wheels: dict[str, Path]) -> None:
+    """Every third-party module trnctl or the trainer imports comes from a distribution that
+    the ops wheel requires (always or through an extra)."""
+    declared = _requirements(wheels["ops"])
+    providers = importlib.metadata.packages_distributions()
+    ours = OPS_TOP_LEVEL | LIBRARY_TOP_LEVEL
+    missing = {}
+    for module in _imported_top_levels(wheels["ops"]) - ours - set(sys.stdlib_module_names):
+        dists = {d.lower() for d in providers.get(module, [module])}
+        if not dists & declared:
+            missing[module] = sorted(dists)
+    assert missing == {}
+
+
+def test_the_ops_wheel_builds_from_its_sdist_alone(wheels: dict[str, Path], tmp_path: Path) -> None:
+    before = _tree_state()
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path / "sdist")],
+        cwd=ROOT / "ops",
+        check=True,
+        capture_output=True,
+    )
+    assert _tree_state() == before, "building the sdist wrote into the checkout"
+    (sdist,) = (tmp_path / "sdist").glob("trn_platform_ops-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"), str(unpacked))
+    (rebuilt,) = (tmp_path / "w").glob("trn_platform_ops-*.whl")
+    with zipfile.ZipFile(rebuilt) as again, zipfile.ZipFile(wheels["ops"]) as first:
+        assert sorted(again.namelist()) == sorted(first.namelist())
 
 
 def test_the_set_up_environment_runs_the_checkout_not_copies() -> None:

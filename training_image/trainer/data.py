@@ -48,7 +48,10 @@ IGNORE_INDEX = -100
 HEADER = struct.Struct("<8sIIQ8x")
 MANIFEST = "manifest.json"
 BYTE_TOKENIZER = "bytes-v1"
-DEFAULT_CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+# The sample corpus: beside the trainer package in the checkout and the image
+# (training_image/corpus), inside it where the ops wheel installed the trainer (trainer/corpus).
+_HERE = Path(__file__).resolve().parent
+DEFAULT_CORPUS = _HERE / "corpus" if (_HERE / "corpus").is_dir() else _HERE.parent / "corpus"
 _DTYPES: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _MASK_DTYPE = np.dtype("u1")
 
