@@ -15,6 +15,11 @@ nothing beyond the standard library. Each fact names its source:
   1 or 2 on Trn2/Trn3 (2 by default); ``NEURON_LOGICAL_NC_CONFIG`` and the compiler's
   ``--logical-nc-config`` / ``-lnc`` must agree. Trn1 supports LNC 1 only (compiler error
   NCC_EARG001).
+- [L] aws-neuron/connected-device-maps-over-efa-for-neuron v1.1.0
+  (``lookup/config/efa-enabled-instances.json``): the types whose devices get the device group
+  attributes; both drivers take them from this library. trn2.3xlarge is not among them.
+- [K] Kubernetes v1.35 ``resource.k8s.io/v1`` types: a claim allocates at most 32 devices
+  (``AllocationResultsMaxSize``).
 - [N-PRE] Neuron docs ``deploy/eks/prerequisites.rst`` (aws-neuron/aws-neuron-sdk@3afa0fdf):
   on the device-plugin path a node's LNC is the line ``NEURON_LOGICAL_NC_CONFIG=<n>`` in
   ``/opt/aws/neuron/logical_nc_config``, written by the launch template's user data.
@@ -42,6 +47,14 @@ NEURON_CONFIG_KIND = "NeuronConfig"
 # The attribute both drivers publish on each device: devices of one group of N connected Neuron
 # devices, and the EFA interfaces wired to them, share its value [E2].
 DEVICE_GROUP_SIZES = (1, 4, 8, 16)
+# Catalog types whose devices carry that attribute [L]; on the others a claim cannot pair
+# devices, so the workspace offers the whole node only, unconstrained.
+DEVICE_GROUP_TYPES = frozenset(
+    {"trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge", "trn3.48xlarge"}
+)
+# The Neuron driver also publishes UltraServer nodes as devices of the same class [N-DRA].
+NEURON_DEVICE_TYPE = "neuron_device"
+MAX_DEVICES_PER_CLAIM = 32
 CLAIM_API_VERSION = "resource.k8s.io/v1"
 # The name a runtime's pods and their trainer container give the claim.
 POD_CLAIM = "neuron"
@@ -106,9 +119,16 @@ def runtime_name(spec: InstanceSpec, lnc: int) -> str:
     return RUNTIME_NAME if lnc == spec.default_lnc else f"{RUNTIME_NAME}-lnc{lnc}"
 
 
+def has_device_groups(spec: InstanceSpec) -> bool:
+    """Whether the drivers publish ``resource.aws.com/devicegroup<N>_id`` on the type [L]."""
+    return spec.name in DEVICE_GROUP_TYPES
+
+
 def claim_sizes(spec: InstanceSpec) -> tuple[int, ...]:
     """Device counts the workspace offers claim templates for: the whole node, and 4 and 8
-    connected devices where the node has more."""
+    connected devices where the node has more and publishes device groups."""
+    if not has_device_groups(spec):
+        return (spec.chips,)
     return (*(n for n in (4, 8) if n < spec.chips), spec.chips)
 
 
@@ -120,63 +140,83 @@ def claim_template_name(spec: InstanceSpec, devices: int, lnc: int) -> str:
 
 
 def claim_template(spec: InstanceSpec, devices: int, lnc: int, namespace: str) -> dict[str, Any]:
-    """A ``resource.k8s.io/v1`` ResourceClaimTemplate: ``devices`` connected Neuron devices of
-    ``spec`` and the EFA interfaces wired to them (one ``matchAttribute`` constraint on their
-    device group over both requests), with the NeuronConfig that sets ``lnc``.
+    """A ``resource.k8s.io/v1`` ResourceClaimTemplate: ``devices`` Neuron devices of ``spec``
+    (devices, not UltraServer nodes, of that instance type) and the EFA interfaces wired to them,
+    with the NeuronConfig that sets ``lnc``. Where the type publishes device groups, one
+    ``matchAttribute`` constraint on their group over both requests keeps them connected.
 
     Raises:
-        ValueError: ``devices`` is not a published group size within the node, or ``lnc`` cannot
-            be used on the type.
+        ValueError: ``devices`` is not a published group size within the node (or, on a type
+            without device groups, not the whole node), the claim would exceed Kubernetes' 32
+            devices, or ``lnc`` cannot be used on the type.
     """
     problem = lnc_problem(spec, lnc)
     if problem:
         raise ValueError(f"lnc: {problem}")
     if devices > spec.chips:
         raise ValueError(f"devices: {spec.name} has {spec.chips} Neuron devices, not {devices}")
-    attribute = device_group_attribute(devices)
     efa = spec.efa_interfaces * devices // spec.chips
-    requests: list[dict[str, Any]] = [_request(NEURON_REQUEST, NEURON_DEVICE_CLASS, devices)]
+    if devices + efa > MAX_DEVICES_PER_CLAIM:
+        raise ValueError(
+            f"devices: {devices} Neuron devices and {efa} EFA interfaces exceed the "
+            f"{MAX_DEVICES_PER_CLAIM} devices one ResourceClaim can allocate"
+        )
+    requests = [_request(NEURON_REQUEST, NEURON_DEVICE_CLASS, devices, _neuron_selector(spec))]
     if efa:
         requests.append(_request(EFA_REQUEST, EFA_DEVICE_CLASS, efa))
+    claim: dict[str, Any] = {"requests": requests}
+    if has_device_groups(spec):
+        attribute = device_group_attribute(devices)
+        claim["constraints"] = [
+            {"requests": [r["name"] for r in requests], "matchAttribute": attribute}
+        ]
+    elif devices != spec.chips:
+        raise ValueError(
+            f"devices: {spec.name} publishes no device groups, so only its whole node "
+            f"({spec.chips}) can be claimed, not {devices} connected devices"
+        )
+    claim["config"] = [_neuron_config(lnc)]
     return {
         "apiVersion": CLAIM_API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": claim_template_name(spec, devices, lnc), "namespace": namespace},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": requests,
-                    "constraints": [
-                        {"requests": [r["name"] for r in requests], "matchAttribute": attribute}
-                    ],
-                    "config": [
-                        {
-                            "requests": [NEURON_REQUEST],
-                            "opaque": {
-                                "driver": NEURON_DRIVER,
-                                "parameters": {
-                                    "apiVersion": NEURON_CONFIG_API_VERSION,
-                                    "kind": NEURON_CONFIG_KIND,
-                                    "logicalNeuronCore": lnc,
-                                },
-                            },
-                        }
-                    ],
-                }
-            }
-        },
+        "spec": {"spec": {"devices": claim}},
     }
 
 
-def _request(name: str, device_class: str, count: int) -> dict[str, Any]:
+def _neuron_selector(spec: InstanceSpec) -> str:
+    attributes = f"device.attributes['{NEURON_DRIVER}']"
+    return (
+        f"{attributes}.instanceType == '{spec.name}' && "
+        f"{attributes}.resourceType == '{NEURON_DEVICE_TYPE}'"
+    )
+
+
+def _neuron_config(lnc: int) -> dict[str, Any]:
     return {
-        "name": name,
-        "exactly": {
-            "deviceClassName": device_class,
-            "allocationMode": "ExactCount",
-            "count": count,
+        "requests": [NEURON_REQUEST],
+        "opaque": {
+            "driver": NEURON_DRIVER,
+            "parameters": {
+                "apiVersion": NEURON_CONFIG_API_VERSION,
+                "kind": NEURON_CONFIG_KIND,
+                "logicalNeuronCore": lnc,
+            },
         },
     }
+
+
+def _request(
+    name: str, device_class: str, count: int, selector: str | None = None
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class,
+        "allocationMode": "ExactCount",
+        "count": count,
+    }
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": exactly}
 
 
 def kubernetes_problem(version: str) -> str | None:

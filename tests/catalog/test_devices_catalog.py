@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import trn_catalog
@@ -25,6 +27,16 @@ def test_the_whole_node_claim_pairs_every_neuron_device_with_every_efa_interface
                 "deviceClassName": "neuron.aws.com",
                 "allocationMode": "ExactCount",
                 "count": 16,
+                # Devices of this type, never the UltraServer node the driver also publishes.
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": "device.attributes['neuron.aws.com'].instanceType == "
+                            "'trn2.48xlarge' && device.attributes['neuron.aws.com'].resourceType "
+                            "== 'neuron_device'"
+                        }
+                    }
+                ],
             },
         },
         {
@@ -62,6 +74,38 @@ def test_connected_subsets_take_their_share_of_efa_on_their_device_group(
 
     assert [r["exactly"]["count"] for r in spec["requests"]] == [count, efa]
     assert spec["constraints"][0]["matchAttribute"] == f"resource.aws.com/devicegroup{count}_id"
+
+
+def test_a_type_without_device_groups_is_claimed_whole_and_unpaired() -> None:
+    """trn2.3xlarge is not in the connected-device map both drivers read: its devices carry no
+    devicegroup attribute, and a constraint on it would never be met."""
+    small = trn_catalog.get("trn2.3xlarge")
+    spec = devices.claim_template(small, 1, 2, "training")["spec"]["spec"]["devices"]
+
+    assert "constraints" not in spec
+    assert [(r["name"], r["exactly"]["count"]) for r in spec["requests"]] == [
+        ("neurons", 1),
+        ("efas", 1),
+    ]
+    assert devices.has_device_groups(TRN2) and not devices.has_device_groups(small)
+    unmapped = dataclasses.replace(TRN2, name="trn2.unmapped")
+    assert devices.claim_sizes(unmapped) == (16,)
+    with pytest.raises(
+        ValueError,
+        match=r"devices: trn2\.unmapped publishes no device groups, so only its whole node "
+        r"\(16\) can be claimed, not 4 connected devices",
+    ):
+        devices.claim_template(unmapped, 4, 2, "training")
+
+
+def test_a_claim_over_kubernetes_32_devices_is_refused() -> None:
+    wider = dataclasses.replace(TRN2, efa_interfaces=32)
+    with pytest.raises(
+        ValueError,
+        match=r"devices: 16 Neuron devices and 32 EFA interfaces exceed the 32 devices one "
+        "ResourceClaim can allocate",
+    ):
+        devices.claim_template(wider, 16, 2, "training")
 
 
 def test_claim_sizes_and_runtime_names_follow_the_type() -> None:
