@@ -13,14 +13,17 @@ from constructs import Construct
 
 import trn_catalog
 from constructs_lib._common import acknowledge_wildcards
-from constructs_lib._eks import GPU_TOLERATION, NEURON_TOLERATION, SYSTEM_LABEL, add_pod_identity
+from constructs_lib._eks import SYSTEM_LABEL, add_pod_identity
 from constructs_lib._props import props_from
 from trn_catalog import devices as device_modes
 from trn_catalog import versions
 from trn_catalog.workspace import GPU_NODE_TYPE, NODE_TYPE_LABEL
 
 # No key and no effect: tolerates every taint. The node problem detector must keep running on
-# the degraded nodes it reports, whatever taints them.
+# the degraded nodes it reports, whatever taints them; the device agents (Neuron device plugin or
+# DRA driver, EFA device plugin or aws-dranet, NVIDIA device plugin) run only where their node
+# affinity puts them, and a taint added to a node group (TrainiumNodeGroup's `taints`) that they
+# did not tolerate would leave its nodes without devices.
 TOLERATE_ALL = {"operator": "Exists"}
 # The image of the Neuron chart's second scheduler (`my-scheduler`), a kube-scheduler of EKS
 # Distro; its tag must be of the control plane's Kubernetes minor version.
@@ -66,11 +69,12 @@ class NeuronPluginsProps:
 class NeuronPlugins(Construct):
     """What Trainium (and EFA GPU) nodes need from the cluster, installed on an existing one.
 
-    Default settings: the Neuron Helm chart (device plugin tolerating the Neuron taint on the
-    catalog's types; node problem detector with node recovery, tolerating every taint, with a
+    Default settings: the Neuron Helm chart (device plugin on the catalog's types; node problem
+    detector with node recovery, with a
     Pod Identity role allowed to mark this cluster's broken nodes unhealthy; the scheduler
     extension only with ``neuron_scheduler_tag``); the EFA device plugin chart on the catalogs'
-    trn and GPU types, tolerating the Neuron and GPU taints; and, with ``job_engine``, Kubeflow
+    trn and GPU types; every one of these node agents tolerating every taint, so that a taint
+    added to a node group keeps them on its nodes; and, with ``job_engine``, Kubeflow
     Trainer with its CRDs and no built-in runtimes, its manager on the nodes of
     ``system_node_labels``. Charts are the
     pins of :mod:`trn_catalog.versions`, installed atomically with a 12-minute Helm timeout.
@@ -242,7 +246,7 @@ def neuron_values(
         }
     return {
         "neuronInstances": sorted(trn_catalog.CATALOG),
-        "devicePlugin": {"enabled": True, "tolerations": [NEURON_TOLERATION]},
+        "devicePlugin": {"enabled": True, "tolerations": [TOLERATE_ALL]},
         "scheduler": scheduler,
         "npd": _npd_values(),
         "draDriver": {"enabled": False},
@@ -268,8 +272,7 @@ def _dra_types() -> list[str]:
 def _neuron_dra_values() -> dict[str, Any]:
     """The Neuron chart with its DRA driver: device plugin and scheduler extension off (the
     chart's validateConfig fails the render otherwise), the driver on the catalog's types (its
-    affinity comes from ``neuronInstances``; its default tolerations already include the
-    Neuron taint)."""
+    affinity comes from ``neuronInstances``), tolerating every taint."""
     # The node problem detector and node recovery stay on under DRA. The chart's documented DRA
     # install turns `npd` off but gives no reason, and nothing in chart 1.9.0 ties them to the
     # device plugin: the detector only reads the kernel log (/dev/kmsg) for Neuron hardware
@@ -281,12 +284,12 @@ def _neuron_dra_values() -> dict[str, Any]:
         "devicePlugin": {"enabled": False},
         "scheduler": {"enabled": False},
         "npd": _npd_values(),
-        "draDriver": {"enabled": True},
+        "draDriver": {"enabled": True, "tolerations": [TOLERATE_ALL]},
     }
 
 
 def efa_values(devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
-    """Values of the EFA device plugin chart: the two catalogs' types, both taints tolerated.
+    """Values of the EFA device plugin chart: the two catalogs' types, every taint tolerated.
     With ``devices='dra'`` the GPU catalog's types only: the trn nodes get their EFA interfaces
     from aws-dranet, and the two must not share a node (EKS device-management-efa)."""
     # The chart's allowlist (v0.5.30) has no trn3 entry. Helm replaces
@@ -298,13 +301,13 @@ def efa_values(devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
             "keys": ["node.kubernetes.io/instance-type"],
             "values": sorted({*trn_types, *trn_catalog.GPU_CATALOG}),
         },
-        "tolerations": [NEURON_TOLERATION, GPU_TOLERATION],
+        "tolerations": [TOLERATE_ALL],
     }
 
 
 def dranet_values() -> dict[str, Any]:
     """Values of the aws-dranet chart: the EFA DRA driver on the catalog's trn2/trn3 types,
-    tolerating the Neuron taint, with the chart's DeviceClass ``efa.networking.k8s.aws``."""
+    tolerating every taint, with the chart's DeviceClass ``efa.networking.k8s.aws``."""
     # The chart's own list already names trn2, trn2u and trn3.48xlarge; Helm replaces lists,
     # so this one is the DRA-capable catalog types alone (trn3.48xlarge among them), keeping the
     # driver off every other node, including the GPU group's, whose EFA the device plugin serves.
@@ -313,7 +316,7 @@ def dranet_values() -> dict[str, Any]:
             "keys": ["node.kubernetes.io/instance-type"],
             "values": _dra_types(),
         },
-        "tolerations": [NEURON_TOLERATION],
+        "tolerations": [TOLERATE_ALL],
         "deviceClass": {"create": True, "name": device_modes.EFA_DEVICE_CLASS},
     }
 
@@ -323,8 +326,8 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
 
     The chart's default affinity asks for node-feature-discovery labels, and NFD is not
     installed (it comes with gpu-feature-discovery, off); Helm replaces the term list, so this
-    affinity is the GPU group's node label alone. The tolerations are the GPU taint's (the
-    chart's default list also names the deprecated CriticalAddonsOnly)."""
+    affinity is the GPU group's node label alone. It tolerates every taint (the chart's default
+    list names the GPU taint and the deprecated CriticalAddonsOnly)."""
     gpu_nodes = {"key": NODE_TYPE_LABEL, "operator": "In", "values": [GPU_NODE_TYPE]}
     return {
         "affinity": {
@@ -335,7 +338,7 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
             }
         },
         "nodeSelector": {NODE_TYPE_LABEL: GPU_NODE_TYPE},
-        "tolerations": [GPU_TOLERATION],
+        "tolerations": [TOLERATE_ALL],
     }
 
 

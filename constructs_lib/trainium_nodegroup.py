@@ -121,7 +121,10 @@ class TrainiumNodeGroupProps:
         taints: the nodes' taints. Default: :meth:`default_taints` (for Trainium
             ``aws.amazon.com/neuron=true:NoSchedule``). A list replaces the default (``[]``: no
             taint); to extend it pass ``[*TrainiumNodeGroup.default_taints(), eks.TaintSpec(...)]``.
-            Pods need a toleration for each (the workspace's runtimes tolerate the default).
+            Pods need a toleration for each: the workspace's runtimes tolerate the default
+            only, so an added taint keeps the platform's jobs off these nodes unless your own
+            runtime tolerates it; the device agents of :class:`NeuronPlugins` tolerate every
+            taint and stay.
         security_groups: extra groups on every network interface, e.g. the Lustre clients
             group. Default none (the EFA group and the cluster security group are always on).
         name_prefix: the node group is named ``<name_prefix>-<8 hex digits>``, the digits a

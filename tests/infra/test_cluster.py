@@ -211,8 +211,7 @@ def test_charts_are_pinned(dev: Synth) -> None:
 
 def test_neuron_chart_values(dev: Synth) -> None:
     values = json.loads(charts(dev)["neuron"]["Values"])
-    toleration = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
-    assert values["devicePlugin"] == {"enabled": True, "tolerations": [toleration]}
+    assert values["devicePlugin"]["enabled"] is True
     assert values["npd"]["enabled"] is True and values["npd"]["nodeRecovery"]["enabled"] is True
     assert "trn3.48xlarge" in values["neuronInstances"]
 
@@ -269,15 +268,32 @@ def test_the_node_problem_detector_tolerates_every_taint(
     assert [t["key"] for t in TAINTS if tolerates(neuron_only, t)] == ["aws.amazon.com/neuron"]
 
 
-def test_efa_plugin_allowlist_has_trn3_and_tolerates_neuron(dev: Synth) -> None:
+@pytest.mark.parametrize(
+    ("variant", "release", "agent"),
+    [
+        ("dev", "neuron", "devicePlugin"),
+        ("dra", "neuron", "draDriver"),
+        ("dev", "efa-device-plugin", None),
+        ("dra", "aws-dranet", None),
+        ("gpu", versions.NVIDIA_DEVICE_PLUGIN_CHART.release, None),
+    ],
+)
+def test_every_device_agent_tolerates_every_taint(
+    synth_variant: Callable[[str], Synth], variant: str, release: str, agent: str | None
+) -> None:
+    """A taint added to a node group (TrainiumNodeGroup's `taints`) must not keep the agents
+    that publish its devices off it: they run only where their node affinity puts them."""
+    values = json.loads(charts(synth_variant(variant))[release]["Values"])
+    tolerations = (values[agent] if agent else values)["tolerations"]
+    assert [taint for taint in TAINTS if not tolerates(tolerations, taint)] == []
+
+
+def test_efa_plugin_allowlist_has_trn3(dev: Synth) -> None:
     values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
     allow = values["supportedInstanceLabels"]
     assert allow["keys"] == ["node.kubernetes.io/instance-type"]
     assert set(trn_catalog.CATALOG) <= set(allow["values"])
     assert "trn3.48xlarge" in allow["values"]
-    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in values[
-        "tolerations"
-    ]
 
 
 def test_job_engine_is_kubeflow_trainer_without_unused_runtimes(dev: Synth) -> None:
@@ -679,12 +695,11 @@ def test_bring_your_own_secrets_key() -> None:
 GPU_NO_SCHEDULE = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
-def test_efa_plugin_admits_every_gpu_type_and_tolerates_the_gpu_taint(dev: Synth) -> None:
+def test_efa_plugin_admits_every_gpu_type(dev: Synth) -> None:
     """The GPU group's EFA interfaces need the EFA device plugin on its nodes: the platform's
     allowlist replaces the chart's (Helm replaces lists), so it must name the GPU types too."""
     values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
     assert set(trn_catalog.GPU_CATALOG) <= set(values["supportedInstanceLabels"]["values"])
-    assert GPU_NO_SCHEDULE in values["tolerations"]
 
 
 def test_nvidia_device_plugin_only_with_a_gpu_group(
@@ -700,7 +715,6 @@ def test_nvidia_device_plugin_only_with_a_gpu_group(
     )
     assert chart["Atomic"] is True and chart["Wait"] is True
     values = json.loads(chart["Values"])
-    assert values["tolerations"] == [GPU_NO_SCHEDULE]
     assert values["nodeSelector"] == {"trn-platform/node-type": "gpu"}
     (term,) = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
