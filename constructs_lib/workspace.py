@@ -87,9 +87,10 @@ class TrainingWorkspaceProps:
         devices: how the trn pods get their devices: ``plugin`` (default: the device plugins'
             ``aws.amazon.com/neuron`` and ``vpc.amazonaws.com/efa`` resources) or ``dra``
             (ResourceClaimTemplates, see the class docstring). Match the cluster's.
-        lnc: the trn nodes' logical NeuronCore setting on the ``plugin`` path (the node
-            group's ``lnc``), passed to the trainer as ``NEURON_LOGICAL_NC_CONFIG``. Default
-            None: the type's default, not set. Not used with ``dra``.
+        lnc: the trn nodes' logical NeuronCore setting on the ``plugin`` path, passed to the
+            trainer as ``NEURON_LOGICAL_NC_CONFIG``; give the node group's ``lnc`` (the two
+            must agree). Default None: the type's default (2 on trn2/trn3, set; trn1 has no
+            setting). Not used with ``dra``.
     """
 
     cluster: eks.ICluster
@@ -369,7 +370,10 @@ class TrainingWorkspace(Construct):
             lnc = spec.default_lnc if lnc is None else lnc
         else:
             resources = {"aws.amazon.com/neuron": spec.chips, **node}
-            lnc = props.lnc
+            # Stated even at the type's default: the compiler's and the runtime's LNC then come
+            # from the workspace, never from a default that another node setting contradicts.
+            default = spec.default_lnc if device_modes.supports_lnc(spec) else None
+            lnc = default if props.lnc is None else props.lnc
         env = [
             {"name": "TRN_INSTANCE_TYPE", "value": props.instance_type},
             {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},

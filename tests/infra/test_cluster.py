@@ -399,6 +399,17 @@ def test_runtime_pod_is_a_valid_pod(dev: Synth) -> None:
     kubernetes_validate.validate(pod, "1.35.0", strict=True)
 
 
+@pytest.mark.parametrize(("variant", "lnc"), [("dev", "2"), ("odcr", None)])
+def test_runtime_states_the_lnc_even_at_the_default(
+    synth_variant: Callable[[str], Synth], variant: str, lnc: str | None
+) -> None:
+    """trn3 (dev) runs at its default LNC 2, said in the pod so the compiler and the launcher
+    follow the workspace; trn1 (odcr) has no LNC setting."""
+    (container,) = runtime_pod(synth_variant(variant))["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env.get("NEURON_LOGICAL_NC_CONFIG") == lnc
+
+
 @pytest.mark.parametrize(("variant", "chips", "efa"), [("dev", 16, 16), ("odcr", 16, 8)])
 def test_runtime_asks_for_every_device_and_efa_of_the_node(
     synth_variant: Callable[[str], Synth], variant: str, chips: int, efa: int

@@ -410,10 +410,11 @@ def test_each_taint_admits_exactly_its_pods(
     gpu = _tainted(groups, "nvidia.com/gpu")
     trn = _tainted(groups, "aws.amazon.com/neuron")
     assert {p.name for p in pods if can_run(p, gpu)} == GPU_PODS
-    # The Neuron node problem detector tolerates every taint; its instance allowlist (the trn
-    # catalog) keeps it off the GPU nodes.
+    # The Neuron node problem detector and device plugin tolerate every taint; their instance
+    # allowlist (the trn catalog) keeps them off the GPU nodes.
     assert {p.name for p in pods if tolerated(p, gpu)} == GPU_PODS | {
-        "neuron node problem detector"
+        "neuron node problem detector",
+        "neuron device plugin",
     }
     assert {p.name for p in pods if can_run(p, trn)} == TRN_PODS
 
