@@ -185,9 +185,9 @@ class TrainiumNodeGroup(Construct):
             public ``subnet``, a ``subnet`` outside ``trn_availability_zone``, unknown instance
             type, sizes outside ``0 <= min_size <= desired_size <= max_size`` or ``max_size``
             outside 1..64, a taint without a key or with a key or value over 63 characters, two
-            taints of one key and effect, a ``trn-platform/node-type`` label of another value,
-            a reservation mode
-            without a valid reservation id, a reservation id with on-demand, a root volume under
+            taints of one key and effect, a label key or value empty or over 63 characters,
+            a ``trn-platform/node-type`` label of another value, a reservation mode without a
+            valid reservation id, a reservation id with on-demand, a root volume under
             100 GiB, a name prefix EKS would refuse, or an ``lnc`` the type does not take.
     """
 
@@ -511,6 +511,14 @@ def _check_taints(taints: Sequence[eks.TaintSpec]) -> None:
 
 
 def _check_labels(labels: Mapping[str, str], node_type: str) -> None:
+    """The EKS API's limits on a node group label (key and value 1 to 63 characters each, in the
+    botocore EKS model) and the node-type label the platform selects by."""
+    for key, value in labels.items():
+        if not (1 <= len(key) <= 63 and 1 <= len(value) <= 63):
+            raise ValueError(
+                f"labels: {key!r}={value!r} is not allowed; EKS takes a label key and value of "
+                "1 to 63 characters each"
+            )
     given = labels.get(NODE_TYPE_LABEL, node_type)
     if given != node_type:
         raise ValueError(

@@ -126,6 +126,16 @@ def test_labels_extend_and_override_the_defaults() -> None:
 
 
 @pytest.mark.parametrize("group_class", GROUPS)
-def test_the_node_type_label_is_kept(group_class: type[TrainiumNodeGroup]) -> None:
+def test_labels_fit_eks_and_the_node_type_label_is_kept(
+    group_class: type[TrainiumNodeGroup],
+) -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"labels: 'team'='' is not allowed; EKS takes a label key and value of 1 to 63 "
+        "characters each",
+    ):
+        nodegroup(group_class, labels={"team": ""})
+    with pytest.raises(ValueError, match=r"labels: 'x{64}'='a' is not allowed"):
+        nodegroup(group_class, labels={"x" * 64: "a"})
     with pytest.raises(ValueError, match=r"labels: trn-platform/node-type='cpu' is not allowed"):
         nodegroup(group_class, labels={"trn-platform/node-type": "cpu"})
