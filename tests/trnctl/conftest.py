@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
+import typer.testing
 from botocore.stub import Stubber
 from moto import mock_aws
 from typer.testing import CliRunner
 
 from trnctl.cli import app
+
+# typer's CliRunner builds the Click command tree from the Typer app on every invoke (some 50 ms
+# for trnctl's, several hundred invokes per run); the console script builds it once per process.
+# Build it once per test process: the tree is a function of the app, which no test changes.
+typer.testing._get_command = functools.cache(typer.main.get_command)
 
 REGION = "us-east-2"
 _AWS_VARIABLES = (
