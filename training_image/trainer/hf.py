@@ -13,8 +13,9 @@ attention has one fused ``qkv`` projection ([q; k; v] rows) and our MLP one fuse
 ([gate; up] rows), concatenated on load and split on export.
 
 Loading (:func:`load_pretrained`) builds the model on the meta device and assigns the tensors
-read from the safetensors files (memory-mapped by the library) as FP32 parameters: no random
-initialization, and one FP32 copy of the weights in the process that reads. A run on several
+read from the safetensors files as FP32 parameters: no random initialization, and one FP32 copy
+of the weights in the process that reads (the files are read with plain reads through a small
+staging buffer, see :mod:`trainer.safetensors_files`). A run on several
 FSDP2 ranks reads on rank 0 alone and broadcasts into the other ranks' shards (see
 :func:`trainer.loop.build_model`).
 """
@@ -33,6 +34,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer import safetensors_files
 from trainer.config import MODEL_SEQ_LEN, ModelConfig, RopeScaling
 from trainer.model import GPT
 from trn_catalog import hf_models
@@ -461,6 +463,15 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
         HFWeightsError: a tensor is missing, unexpected or of the wrong shape (see
             :func:`tensor_files` for the files themselves).
     """
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return _read_weights(model_dir, cfg, _shapes(model))
+
+
+def _read_weights(
+    model_dir: str | Path, cfg: ModelConfig, expected: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """:func:`read_weights` given the shapes of our parameters (``expected``)."""
     files = tensor_files(model_dir)
     names = weight_names(cfg)
     wanted = {hf for parts in names.values() for hf, _ in parts}
@@ -480,29 +491,31 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
             f"{model_dir}: tensors missing from the safetensors files: "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
-    expected = _shapes(cfg)
+    paths = sorted(set(files.values()))
+    _record_read(paths)
     state: dict[str, torch.Tensor] = {}
-    _record_read(sorted(set(files.values())))
-    with _opened(sorted(set(files.values()))) as handles:
+    pieces: list[safetensors_files.Piece] = []
+    with _opened(paths) as handles:
+        headers = {path: safetensors_files.header(path) for path in paths}
         for ours, parts in names.items():
             if ours == "head.weight" and cfg.tie_embeddings:
                 state[ours] = state["tok.weight"]
                 continue
-            # One FP32 tensor per parameter, each piece converted as it is copied into its rows:
-            # no FP32 copy of a piece and no concatenation after.
+            # One FP32 tensor per parameter, each piece read into its rows: no FP32 copy of a
+            # piece and no concatenation after.
             fused = torch.empty(expected[ours], dtype=torch.float32)
             start = 0
             for hf, rows in parts:
-                piece = handles[files[hf]].get_tensor(hf)
+                shape = headers[files[hf]][hf].shape
                 want = (rows, *expected[ours][1:])
-                if tuple(piece.shape) != want:
+                if shape != want:
                     raise HFWeightsError(
-                        f"{files[hf]}: tensor {hf} has shape {tuple(piece.shape)}, "
-                        f"config.json implies {want}"
+                        f"{files[hf]}: tensor {hf} has shape {shape}, config.json implies {want}"
                     )
-                fused[start : start + rows].copy_(piece)
+                pieces.append(safetensors_files.Piece(files[hf], hf, fused[start : start + rows]))
                 start += rows
             state[ours] = fused
+        safetensors_files.fill(pieces, headers, handles)
     return state
 
 
@@ -520,9 +533,8 @@ def _opened(paths: Sequence[Path]) -> Iterator[dict[Path, Any]]:
         yield {p: stack.enter_context(safe_open(str(p), framework="pt")) for p in paths}
 
 
-def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
+def _shapes(model: GPT) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def load_pretrained(model_dir: str | Path, cfg: ModelConfig) -> GPT:
@@ -534,7 +546,7 @@ def load_pretrained(model_dir: str | Path, cfg: ModelConfig) -> GPT:
     """
     with torch.device("meta"):
         model = GPT(cfg)
-    model.load_state_dict(read_weights(model_dir, cfg), assign=True)
+    model.load_state_dict(_read_weights(model_dir, cfg, _shapes(model)), assign=True)
     model.tie_weights()
     model.init_rope()
     return model
