@@ -13,9 +13,9 @@ attention has one fused ``qkv`` projection ([q; k; v] rows) and our MLP one fuse
 ([gate; up] rows), concatenated on load and split on export.
 
 Loading (:func:`load_pretrained`) builds the model on the meta device and assigns the tensors
-read from the safetensors files as FP32 parameters: no random initialization, and one FP32 copy
-of the weights in the process that reads (the files are read with plain reads through a small
-staging buffer, see :mod:`trainer.safetensors_files`). A run on several
+read from the safetensors files (memory-mapped by the library) as FP32 parameters: no random
+initialization, and one FP32 copy of the weights in the process that reads, converted on one
+intra-op thread (see :func:`_one_intra_op_thread`). A run on several
 FSDP2 ranks reads on rank 0 alone and broadcasts into the other ranks' shards (see
 :func:`trainer.loop.build_model`).
 """
@@ -34,7 +34,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainer import safetensors_files
 from trainer.config import MODEL_SEQ_LEN, ModelConfig, RopeScaling
 from trainer.model import GPT
 from trn_catalog import hf_models
@@ -491,31 +490,28 @@ def _read_weights(
             f"{model_dir}: tensors missing from the safetensors files: "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
-    paths = sorted(set(files.values()))
-    _record_read(paths)
     state: dict[str, torch.Tensor] = {}
-    pieces: list[safetensors_files.Piece] = []
-    with _opened(paths) as handles:
-        headers = {path: safetensors_files.header(path) for path in paths}
+    _record_read(sorted(set(files.values())))
+    with _opened(sorted(set(files.values()))) as handles, _one_intra_op_thread():
         for ours, parts in names.items():
             if ours == "head.weight" and cfg.tie_embeddings:
                 state[ours] = state["tok.weight"]
                 continue
-            # One FP32 tensor per parameter, each piece read into its rows: no FP32 copy of a
-            # piece and no concatenation after.
+            # One FP32 tensor per parameter, each piece converted as it is copied into its rows:
+            # no FP32 copy of a piece and no concatenation after.
             fused = torch.empty(expected[ours], dtype=torch.float32)
             start = 0
             for hf, rows in parts:
-                shape = headers[files[hf]][hf].shape
+                piece = handles[files[hf]].get_tensor(hf)
                 want = (rows, *expected[ours][1:])
-                if shape != want:
+                if tuple(piece.shape) != want:
                     raise HFWeightsError(
-                        f"{files[hf]}: tensor {hf} has shape {shape}, config.json implies {want}"
+                        f"{files[hf]}: tensor {hf} has shape {tuple(piece.shape)}, "
+                        f"config.json implies {want}"
                     )
-                pieces.append(safetensors_files.Piece(files[hf], hf, fused[start : start + rows]))
+                fused[start : start + rows].copy_(piece)
                 start += rows
             state[ours] = fused
-        safetensors_files.fill(pieces, headers, handles)
     return state
 
 
@@ -535,6 +531,21 @@ def _opened(paths: Sequence[Path]) -> Iterator[dict[Path, Any]]:
 
 def _shapes(model: GPT) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one, then restored. Each tensor's copy into its FP32
+    parameter is a short, memory-bound parallel region that ends at a barrier waiting for its
+    slowest thread; with other work on the cores every barrier can cost a scheduler time slice.
+    On the bench's 2-core machine at load 7-8, loading ~155M BF16 parameters took 0.21-0.30 s on
+    one thread and 1.2 s on two (bench/hf_bench.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def load_pretrained(model_dir: str | Path, cfg: ModelConfig) -> GPT:
