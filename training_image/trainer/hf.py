@@ -538,8 +538,8 @@ def _one_intra_op_thread() -> Iterator[None]:
     """torch's intra-op threads set to one, then restored. Each tensor's copy into its FP32
     parameter is a short, memory-bound parallel region that ends at a barrier waiting for its
     slowest thread; with other work on the cores every barrier can cost a scheduler time slice.
-    On the bench's 2-core machine at load 7-8, loading ~155M BF16 parameters took 0.21-0.30 s on
-    one thread and 1.2 s on two (bench/hf_bench.py)."""
+    On the project's 2-core machine at load 7-8, loading bench/hf_bench.py's ~155M BF16
+    parameters took a median 0.21 to 0.30 s on one thread, 1.2 s on two."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
