@@ -126,7 +126,7 @@ def transformers_round(model_dir: Path) -> float:
     return MEASURED * BATCH * SEQ_LEN / (time.perf_counter() - began)
 
 
-def load_vs_read(model_dir: Path, rounds: int) -> dict[str, float]:
+def load_vs_read(model_dir: Path, rounds: int) -> dict[str, Any]:
     files = sorted(model_dir.glob("*.safetensors"))
     cfg = hf.model_config(model_dir, seq_len=SEQ_LEN)
     reads, loads = [], []
@@ -139,7 +139,18 @@ def load_vs_read(model_dir: Path, rounds: int) -> dict[str, float]:
         hf.load_pretrained(model_dir, cfg)
         loads.append(time.perf_counter() - began)
     read, load = statistics.median(reads), statistics.median(loads)
-    return {"read_s": read, "load_s": load, "shards": len(files), "ratio": read / load}
+    return {
+        "read_s": read,
+        "load_s": load,
+        "shards": len(files),
+        "ratio": read / load,
+        "reads_s": reads,
+        "loads_s": loads,
+        # The loader converts on one intra-op thread (see trainer.hf); the process's count, and
+        # the machine's 1-minute load average after the rounds, say what it competed with.
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": os.getloadavg()[0],
+    }
 
 
 def main() -> int:

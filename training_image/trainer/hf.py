@@ -14,7 +14,8 @@ attention has one fused ``qkv`` projection ([q; k; v] rows) and our MLP one fuse
 
 Loading (:func:`load_pretrained`) builds the model on the meta device and assigns the tensors
 read from the safetensors files (memory-mapped by the library) as FP32 parameters: no random
-initialization, and one FP32 copy of the weights in the process that reads. A run on several
+initialization, and one FP32 copy of the weights in the process that reads, converted on one
+intra-op thread (see :func:`_one_intra_op_thread`). A run on several
 FSDP2 ranks reads on rank 0 alone and broadcasts into the other ranks' shards (see
 :func:`trainer.loop.build_model`).
 """
@@ -461,6 +462,15 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
         HFWeightsError: a tensor is missing, unexpected or of the wrong shape (see
             :func:`tensor_files` for the files themselves).
     """
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return _read_weights(model_dir, cfg, _shapes(model))
+
+
+def _read_weights(
+    model_dir: str | Path, cfg: ModelConfig, expected: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """:func:`read_weights` given the shapes of our parameters (``expected``)."""
     files = tensor_files(model_dir)
     names = weight_names(cfg)
     wanted = {hf for parts in names.values() for hf, _ in parts}
@@ -480,10 +490,9 @@ def read_weights(model_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Ten
             f"{model_dir}: tensors missing from the safetensors files: "
             f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
         )
-    expected = _shapes(cfg)
     state: dict[str, torch.Tensor] = {}
     _record_read(sorted(set(files.values())))
-    with _opened(sorted(set(files.values()))) as handles:
+    with _opened(sorted(set(files.values()))) as handles, _one_intra_op_thread():
         for ours, parts in names.items():
             if ours == "head.weight" and cfg.tie_embeddings:
                 state[ours] = state["tok.weight"]
@@ -520,9 +529,23 @@ def _opened(paths: Sequence[Path]) -> Iterator[dict[Path, Any]]:
         yield {p: stack.enter_context(safe_open(str(p), framework="pt")) for p in paths}
 
 
-def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
+def _shapes(model: GPT) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one, then restored. Each tensor's copy into its FP32
+    parameter is a short, memory-bound parallel region that ends at a barrier waiting for its
+    slowest thread; with other work on the cores every barrier can cost a scheduler time slice.
+    On the project's 2-core machine at load 7-8, loading bench/hf_bench.py's ~155M BF16
+    parameters took a median 0.21 to 0.30 s on one thread, 1.2 s on two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def load_pretrained(model_dir: str | Path, cfg: ModelConfig) -> GPT:
@@ -534,7 +557,7 @@ def load_pretrained(model_dir: str | Path, cfg: ModelConfig) -> GPT:
     """
     with torch.device("meta"):
         model = GPT(cfg)
-    model.load_state_dict(read_weights(model_dir, cfg), assign=True)
+    model.load_state_dict(_read_weights(model_dir, cfg, _shapes(model)), assign=True)
     model.tie_weights()
     model.init_rope()
     return model
