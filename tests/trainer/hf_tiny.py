@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,34 @@ def run_args(model: Path, data: Path, ck: Path, *extra: str, lr: str, max_steps:
         "--no-progress",
         *extra,
     ]
+
+
+def checkpoint_state(ck: Path, step: int) -> dict[str, object]:
+    """The state file of the checkpoint of ``step`` in ``ck``."""
+    from trainer import checkpoint
+
+    return torch.load(ck / checkpoint.name_for(step) / checkpoint.STATE, weights_only=True)
+
+
+def assert_resume_is_exact(
+    command: Callable[[Path], list[str]], tmp_path: Path, last: int, killed_at: int
+) -> None:
+    """``command(ck)`` (a ``trn-train run`` checkpointing into ``ck``) run to step ``last``
+    straight, and again as if killed after step ``killed_at``'s checkpoint and resumed: the
+    model and optimizer states of step ``last`` are bit-identical."""
+    from trainer import checkpoint, cli
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for ck in (straight, resumed):
+        assert cli.main(command(ck)) == 0
+    for step in range(killed_at + 1, last + 1):
+        shutil.rmtree(resumed / checkpoint.name_for(step), ignore_errors=True)
+    assert cli.main(command(resumed)) == 0
+
+    a, b = checkpoint_state(straight, last), checkpoint_state(resumed, last)
+    for key in ("model", "optimizer"):
+        flat_a = torch.utils._pytree.tree_leaves(a[key])
+        flat_b = torch.utils._pytree.tree_leaves(b[key])
+        assert len(flat_a) == len(flat_b)
+        for x, y in zip(flat_a, flat_b, strict=True):
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y

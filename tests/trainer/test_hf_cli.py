@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 from pathlib import Path
 
 import boto3
@@ -24,8 +23,7 @@ SEQ = hf_tiny.SEQ_LEN
 _run = functools.partial(hf_tiny.run_args, lr="3e-3", max_steps="4")
 
 
-def _state(ck: Path, step: int) -> dict[str, object]:
-    return torch.load(ck / checkpoint.name_for(step) / checkpoint.STATE, weights_only=True)
+_state = hf_tiny.checkpoint_state
 
 
 def _score(capsys: pytest.CaptureFixture[str], model: Path, tokens: Path) -> dict[str, float]:
@@ -74,18 +72,9 @@ def test_fine_tune_export_and_load_with_transformers(
 def test_resume_of_a_model_run_is_bit_identical(corpus_dir: Path, tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path, "llama", rope_parameters=hf_tiny.LLAMA3_ROPE)
     args = ["--max-steps", "6", "--checkpoint-every", "3"]
-    assert cli.main(_run(source, corpus_dir, tmp_path / "straight", *args)) == 0
-    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
-    shutil.rmtree(tmp_path / "resumed" / checkpoint.name_for(6))  # as if killed after step 3
-    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
-
-    straight, resumed = _state(tmp_path / "straight", 6), _state(tmp_path / "resumed", 6)
-    for key in ("model", "optimizer"):
-        flat_a = torch.utils._pytree.tree_leaves(straight[key])
-        flat_b = torch.utils._pytree.tree_leaves(resumed[key])
-        assert len(flat_a) == len(flat_b)
-        for a, b in zip(flat_a, flat_b, strict=True):
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    hf_tiny.assert_resume_is_exact(
+        lambda ck: _run(source, corpus_dir, ck, *args), tmp_path, last=6, killed_at=3
+    )
 
 
 def test_resume_with_another_model_or_length_is_refused(corpus_dir: Path, tmp_path: Path) -> None:

@@ -24,8 +24,7 @@ ALL = ",".join(lora.TARGETS)
 _run = functools.partial(hf_tiny.run_args, lr="1e-2", max_steps="3")
 
 
-def _state(ck: Path, step: int) -> dict[str, object]:
-    return torch.load(ck / checkpoint.name_for(step) / checkpoint.STATE, weights_only=True)
+_state = hf_tiny.checkpoint_state
 
 
 def _tokens() -> torch.Tensor:
@@ -104,18 +103,9 @@ def test_step_zero_is_the_base_model_and_only_adapters_train(
 def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path, "llama")
     args = ["--max-steps", "4", "--checkpoint-every", "2", "--lora-rank", "2"]
-    assert cli.main(_run(source, corpus_dir, tmp_path / "straight", *args)) == 0
-    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
-    shutil.rmtree(tmp_path / "resumed" / checkpoint.name_for(4))  # as if killed after step 2
-    assert cli.main(_run(source, corpus_dir, tmp_path / "resumed", *args)) == 0
-
-    straight, resumed = _state(tmp_path / "straight", 4), _state(tmp_path / "resumed", 4)
-    for key in ("model", "optimizer"):
-        flat_a = torch.utils._pytree.tree_leaves(straight[key])
-        flat_b = torch.utils._pytree.tree_leaves(resumed[key])
-        assert len(flat_a) == len(flat_b)
-        for a, b in zip(flat_a, flat_b, strict=True):
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    hf_tiny.assert_resume_is_exact(
+        lambda ck: _run(source, corpus_dir, ck, *args), tmp_path, last=4, killed_at=2
+    )
 
     with pytest.raises(
         RunConfigError,
