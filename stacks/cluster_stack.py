@@ -8,15 +8,23 @@ from aws_cdk import Stack
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from constructs_lib import GpuNodeGroup, NeuronCluster, NeuronClusterProps, TrainingNetwork
+from constructs_lib import (
+    GpuNodeGroup,
+    NeuronCluster,
+    NeuronClusterProps,
+    TrainingNetwork,
+    TrainiumNodeGroup,
+)
 from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog import devices as device_modes
+from trn_catalog import ultraservers
 
 
 class ClusterStack(Stack):
-    """Composes :class:`NeuronCluster`, one Trainium node group in the trn AZ and, when the
-    config names a GPU type, one GPU node group in the same AZ (``gpu``, else None).
+    """Composes :class:`NeuronCluster`, one Trainium node group in the trn AZ (or, with
+    UltraServer blocks, one per block: ``ultraservers``, the first also ``trainium``) and, when
+    the config names a GPU type, one GPU node group in the same AZ (``gpu``, else None).
 
     It depends on the network stack only, never on the data stack, so that CloudFormation
     creates the cluster and the FSx file system at the same time.
@@ -45,17 +53,67 @@ class ClusterStack(Stack):
                 devices=config.devices,
             ),
         )
-        self.trainium = self.neuron_cluster.add_trainium_nodegroup(
-            "Trainium",
-            **_group_props(config.trn, network, f"{config.name}-trn"),
-            lnc=config.trn.lnc,
-            labels=_device_labels(config),
+        self.ultraservers = _ultraserver_groups(self.neuron_cluster, config, network)
+        self.trainium = (
+            self.ultraservers[0]
+            if self.ultraservers
+            else self.neuron_cluster.add_trainium_nodegroup(
+                "Trainium",
+                **_group_props(config.trn, network, f"{config.name}-trn"),
+                lnc=config.trn.lnc,
+                labels=_device_labels(config),
+            )
         )
         self.gpu: GpuNodeGroup | None = None
         if config.gpu is not None:
             self.gpu = self.neuron_cluster.add_gpu_nodegroup(
                 "Gpu", **_group_props(config.gpu, network, f"{config.name}-gpu")
             )
+
+
+def _ultraserver_groups(
+    cluster: NeuronCluster, config: PlatformConfig, network: TrainingNetwork
+) -> list[TrainiumNodeGroup]:
+    """One node group per UltraServer Capacity Block, labelled with the block's reservation id
+    as its UltraServer's id.
+
+    One group per block, not one over all blocks: EKS documents managed node groups for
+    Capacity Blocks with a launch template that targets one reservation id
+    (capacity-blocks-mng); targeting a Capacity Reservation resource group from a managed node
+    group is documented for neither Capacity Blocks nor UltraServers, and a group-wide target
+    would leave the node-to-UltraServer mapping to EC2 at launch instead of to the synth. The
+    groups share the first one's node role and EFA security group, so EFA traffic flows between
+    UltraServers too.
+    """
+    spec = config.trn.ultraserver
+    if spec is None:
+        return []
+    groups: list[TrainiumNodeGroup] = []
+    for reservation_id in config.trn.ultraserver_reservation_ids:
+        first = groups[0] if groups else None
+        props = _group_props(config.trn, network, f"{config.name}-trn")
+        props.update(
+            desired_size=spec.servers,
+            capacity_reservation_id=reservation_id,
+            node_role=first.node_role if first else None,
+            security_groups=[
+                network.lustre_clients,
+                *([first.efa_security_group] if first else []),
+            ],
+        )
+        groups.append(
+            cluster.add_trainium_nodegroup(
+                f"UltraServer-{reservation_id}",
+                **props,
+                lnc=config.trn.lnc,
+                labels={
+                    **_device_labels(config),
+                    ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
+                    ultraservers.ULTRASERVER_TYPE_LABEL: spec.name,
+                },
+            )
+        )
+    return groups
 
 
 def _device_labels(config: PlatformConfig) -> dict[str, str]:
