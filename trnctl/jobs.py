@@ -360,6 +360,7 @@ def render(
     target: str = TRN,
     lnc: int | None = None,
     ultraserver: bool = False,
+    across_ultraservers: bool = False,
 ) -> dict[str, Any]:
     """A TrainJob on the environment's runtime for ``target``, checked against the schema: on
     ``trn`` the ``neuron-torch`` runtime with one rank per logical NeuronCore of the
@@ -385,11 +386,14 @@ def render(
             environment's (the nodes' on the device-plugin path, the type's default under DRA).
         ultraserver: place every pod inside one UltraServer (``--ultraserver``, see
             :mod:`trnctl.placement`). Default False.
+        across_ultraservers: place the pods on the environment's first two UltraServers
+            (``trnctl validate --across-ultraservers``). Default False.
 
     Raises:
         TrnctlError: USAGE for a bad name, node count or target, ``gpu`` in an environment
             without a GPU group, an ``lnc`` the environment cannot run (:func:`job_lnc`), or an
-            ``ultraserver`` job the environment cannot place (:func:`placement.check`);
+            ``ultraserver`` or ``across_ultraservers`` job the environment cannot place
+            (:func:`placement.check`, :func:`placement.check_across`);
             FAILED for an instance type outside the catalog, or if the result breaks the
             TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
     """
@@ -397,8 +401,7 @@ def render(
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
     require_target(outputs, target)
-    if ultraserver:
-        placement.check(outputs, nodes, target)
+    patches = _placement(outputs, name, nodes, target, ultraserver, across_ultraservers)
     job_env = dict(env or {})
     runtime = runtime_name(outputs, target)
     if target == GPU:
@@ -441,10 +444,30 @@ def render(
         },
         "spec": spec,
     }
-    if ultraserver:
-        spec["runtimePatches"] = [placement.runtime_patch(name)]
+    if patches:
+        spec["runtimePatches"] = patches
     check_schema(job)
     return job
+
+
+def _placement(
+    outputs: EnvironmentOutputs, name: str, nodes: int, target: str, one: bool, across: bool
+) -> list[dict[str, Any]]:
+    """The runtime patches that place the job's pods on UltraServers (none by default)."""
+    if one and across:
+        raise TrnctlError("--ultraserver and --across-ultraservers exclude each other")
+    if one:
+        placement.check(outputs, nodes, target)
+        return [placement.runtime_patch(name)]
+    if across:
+        spec, ids = placement.check_across(outputs)
+        if nodes > 2 * spec.servers:
+            raise TrnctlError(
+                f"--across-ultraservers: {nodes} nodes are more than two {spec.name} "
+                f"UltraServers have ({2 * spec.servers})"
+            )
+        return [placement.across_patch(name, ids)]
+    return []
 
 
 def check_target(target: str) -> str:

@@ -59,6 +59,23 @@ def check(outputs: EnvironmentOutputs, nodes: int, target: str) -> ultraservers.
     return spec
 
 
+def check_across(outputs: EnvironmentOutputs) -> tuple[ultraservers.UltraServerSpec, list[str]]:
+    """The UltraServer type and the first two UltraServers of the environment, for a job that
+    spans two (``trnctl validate --across-ultraservers``).
+
+    Raises:
+        TrnctlError: USAGE, as :func:`check`, or fewer than two UltraServers.
+    """
+    spec = check(outputs, 1, "trn")
+    ids = outputs.ultraserver_id_list
+    if len(ids) < 2:
+        raise TrnctlError(
+            f"--across-ultraservers needs two UltraServers; {outputs.environment} has "
+            f"{len(ids)} ({', '.join(ids)})"
+        )
+    return spec, ids[:2]
+
+
 def runtime_patch(job_name: str) -> dict[str, Any]:
     """The TrainJob ``runtimePatches`` entry that keeps ``job_name``'s pods in one UltraServer
     and other jobs' pods out of it."""
@@ -66,6 +83,35 @@ def runtime_patch(job_name: str) -> dict[str, Any]:
         "labelSelector": {"matchLabels": {JOBSET_NAME_LABEL: job_name}},
         "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
     }
+    on_ultraservers = _on_nodes({"key": ultraservers.ULTRASERVER_ID_LABEL, "operator": "Exists"})
+    return _patch(
+        {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_ultraservers},
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [same_server]},
+            "podAntiAffinity": _apart_from_other_jobs(job_name),
+        }
+    )
+
+
+def across_patch(job_name: str, ids: list[str]) -> dict[str, Any]:
+    """The ``runtimePatches`` entry that keeps ``job_name``'s pods on the UltraServers ``ids``
+    (one pod per node: a job of all their nodes fills both) and other jobs' pods off them."""
+    on_these = _on_nodes(
+        {"key": ultraservers.ULTRASERVER_ID_LABEL, "operator": "In", "values": list(ids)}
+    )
+    return _patch(
+        {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_these},
+            "podAntiAffinity": _apart_from_other_jobs(job_name),
+        }
+    )
+
+
+def _on_nodes(expression: dict[str, Any]) -> dict[str, Any]:
+    return {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+
+
+def _apart_from_other_jobs(job_name: str) -> dict[str, Any]:
     other_jobs = {
         "labelSelector": {
             "matchExpressions": [
@@ -75,16 +121,10 @@ def runtime_patch(job_name: str) -> dict[str, Any]:
         },
         "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
     }
-    on_ultraservers = {
-        "nodeSelectorTerms": [
-            {"matchExpressions": [{"key": ultraservers.ULTRASERVER_ID_LABEL, "operator": "Exists"}]}
-        ]
-    }
-    affinity = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_ultraservers},
-        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [same_server]},
-        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [other_jobs]},
-    }
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [other_jobs]}
+
+
+def _patch(affinity: dict[str, Any]) -> dict[str, Any]:
     # The torch runtime names its trainer job as its container ("node").
     pod = {"spec": {"template": {"spec": {"affinity": affinity}}}}
     return {
