@@ -7,9 +7,11 @@ Capacity Block the node group launched into), and refuse nodes of an UltraServer
 another job run. The first pod may land on any UltraServer with room: Kubernetes lets a pod
 whose required pod affinity matches only itself schedule anywhere.
 
-Under DRA the Neuron chart's UltraServer operator (its NeuronUltraServerWorkload) would place
-the job instead, but the operator serves Trn3 UltraServer types only and no Trn3 UltraServer
-type is confirmed (trn_catalog.ultraservers), so ``--ultraserver`` is refused there.
+Under DRA the Neuron chart's UltraServer operator (chart 1.9.0, operator 0.1.0, beta; its
+NeuronUltraServerWorkload, neuron.aws.com/v1beta1) would place the job instead, but the operator
+serves Trn3 UltraServer (Trn3pds) instance types only (aws-neuron-sdk
+deploy/eks/ultraserver-operator.rst) and no Trn3 UltraServer type is confirmed
+(trn_catalog.ultraservers), so ``--ultraserver`` is refused there.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ def check(outputs: EnvironmentOutputs, nodes: int, target: str) -> ultraservers.
     if outputs.devices == "dra":
         raise TrnctlError(
             f"--ultraserver: {outputs.environment} runs devices 'dra', where the Neuron "
-            "UltraServer operator places UltraServer jobs; it serves Trn3 UltraServer types "
-            f"only (Neuron chart 1.9.0) and {outputs.ultraserver_type} is a Trn2 UltraServer; "
-            "deploy with -c devices=plugin to place jobs by pod affinity"
+            "UltraServer operator places UltraServer jobs; it serves Trn3 UltraServer (Trn3pds) "
+            f"types only (Neuron docs) and {outputs.ultraserver_type} is not one; deploy with "
+            "-c devices=plugin to place jobs by pod affinity"
         )
     spec = ultraservers.get(outputs.ultraserver_type)
     if nodes > spec.servers:

@@ -98,8 +98,8 @@ def test_a_field_trainer_2_3_0_does_not_patch_breaks_the_schema() -> None:
             replace(ULTRA, devices="dra", lnc=0),
             4,
             r"--ultraserver: trn-dev runs devices 'dra', where the Neuron UltraServer operator "
-            r"places UltraServer jobs; it serves Trn3 UltraServer types only \(Neuron chart "
-            r"1\.9\.0\) and u-trn2x64 is a Trn2 UltraServer",
+            r"places UltraServer jobs; it serves Trn3 UltraServer \(Trn3pds\) types only "
+            r"\(Neuron docs\) and u-trn2x64 is not one; deploy with -c devices=plugin",
         ),
         (
             ULTRA,
