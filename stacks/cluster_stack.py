@@ -18,7 +18,6 @@ from constructs_lib import (
 from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog import devices as device_modes
-from trn_catalog import ultraservers
 
 
 class ClusterStack(Stack):
@@ -74,46 +73,20 @@ class ClusterStack(Stack):
 def _ultraserver_groups(
     cluster: NeuronCluster, config: PlatformConfig, network: TrainingNetwork
 ) -> list[TrainiumNodeGroup]:
-    """One node group per UltraServer Capacity Block, labelled with the block's reservation id
-    as its UltraServer's id.
-
-    One group per block, not one over all blocks: EKS documents managed node groups for
-    Capacity Blocks with a launch template that targets one reservation id
-    (capacity-blocks-mng); targeting a Capacity Reservation resource group from a managed node
-    group is documented for neither Capacity Blocks nor UltraServers, and a group-wide target
-    would leave the node-to-UltraServer mapping to EC2 at launch instead of to the synth. The
-    groups share the first one's node role and EFA security group, so EFA traffic flows between
-    UltraServers too.
-    """
+    """One node group per UltraServer Capacity Block (none without blocks)."""
     spec = config.trn.ultraserver
     if spec is None:
         return []
-    groups: list[TrainiumNodeGroup] = []
-    for reservation_id in config.trn.ultraserver_reservation_ids:
-        first = groups[0] if groups else None
-        props = _group_props(config.trn, network, f"{config.name}-trn")
-        props.update(
-            desired_size=spec.servers,
-            capacity_reservation_id=reservation_id,
-            node_role=first.node_role if first else None,
-            security_groups=[
-                network.lustre_clients,
-                *([first.efa_security_group] if first else []),
-            ],
-        )
-        groups.append(
-            cluster.add_trainium_nodegroup(
-                f"UltraServer-{reservation_id}",
-                **props,
-                lnc=config.trn.lnc,
-                labels={
-                    **_device_labels(config),
-                    ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
-                    ultraservers.ULTRASERVER_TYPE_LABEL: spec.name,
-                },
-            )
-        )
-    return groups
+    props = _group_props(config.trn, network, f"{config.name}-trn")
+    for decided in ("instance_type", "desired_size", "capacity", "capacity_reservation_id"):
+        del props[decided]
+    return cluster.add_ultraserver_nodegroups(
+        spec.name,
+        config.trn.ultraserver_reservation_ids,
+        **props,
+        lnc=config.trn.lnc,
+        labels=_device_labels(config),
+    )
 
 
 def _device_labels(config: PlatformConfig) -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trnctl import capacity
+from trnctl.commands import capacity as capacity_command
 from trnctl.errors import TrnctlError
 
 START = datetime(2026, 12, 1, 11, 30, tzinfo=UTC)
@@ -210,3 +211,19 @@ def test_an_ultraserver_reservation_of_another_size_is_left_out_and_said(
         "out of the flags"
     ) in run.stdout
     assert "deploy with: " not in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ((None, 4, "u-trn2x64", 1), r"leave out --instance-type and --count"),
+        (("trn2u.48xlarge", None, "u-trn2x64", 1), r"leave out --instance-type and --count"),
+        ((None, None, None, 1), r"--ultraserver-type and --ultraserver-count go together"),
+        ((None, None, "u-trn2x64", None), r"--ultraserver-type and --ultraserver-count go"),
+    ],
+)
+def test_the_option_pairs_are_refused_naming_the_options(
+    given: tuple[Any, Any, Any, Any], message: str
+) -> None:
+    with pytest.raises(TrnctlError, match=message):
+        capacity_command._ultraserver_options(*given)
