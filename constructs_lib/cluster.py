@@ -41,7 +41,7 @@ from constructs_lib.plugins import neuron_values as neuron_values
 from constructs_lib.plugins import nvidia_device_plugin_values as nvidia_device_plugin_values
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
 from trn_catalog import devices as device_modes
-from trn_catalog import versions
+from trn_catalog import formats, ultraservers, versions
 
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 WORKSPACE_ADDONS = (MOUNTPOINT_ADDON,)
@@ -224,6 +224,55 @@ class NeuronCluster(Construct):
             group.nodegroup.node.add_dependency(self.addons[name])
         return group
 
+    def add_ultraserver_nodegroups(
+        self, ultraserver_type: str, reservation_ids: Sequence[str], **props: Any
+    ) -> list[TrainiumNodeGroup]:
+        """One :class:`TrainiumNodeGroup` per UltraServer Capacity Block (construct id
+        ``UltraServer-<reservation id>``): the UltraServer type's member instance type, desired
+        and max size its servers, capacity ``capacity-block`` into that block, and the labels
+        ``trn-platform/ultraserver-id=<reservation id>`` and
+        ``trn-platform/ultraserver-type=<type>`` added to ``props['labels']``. The groups share
+        the first one's node role (unless ``node_role`` is given) and its EFA security group,
+        so EFA traffic flows between UltraServers. ``props`` are the other node group props.
+
+        One group per block, not one over all blocks: EKS documents Capacity Block node groups
+        with a launch template that targets one reservation id (capacity-blocks-mng); a
+        resource-group target is documented for neither Capacity Blocks nor UltraServers in a
+        managed node group, and it would leave which node is in which UltraServer to EC2 at
+        launch instead of to the synth.
+
+        Raises:
+            ValueError: an UltraServer type no source confirms (trn_catalog.ultraservers), no
+                reservation ids, a malformed or repeated one, or ``props`` that set what the
+                block decides (instance_type, desired_size, min_size, max_size, capacity,
+                capacity_reservation_id).
+        """
+        spec = _ultraserver_spec(ultraserver_type, reservation_ids, props)
+        groups: list[TrainiumNodeGroup] = []
+        for reservation_id in reservation_ids:
+            first = groups[0] if groups else None
+            extra = [first.efa_security_group] if first else []
+            groups.append(
+                self.add_trainium_nodegroup(
+                    f"UltraServer-{reservation_id}",
+                    **{
+                        **props,
+                        "instance_type": spec.instance_type,
+                        "desired_size": spec.servers,
+                        "capacity": "capacity-block",
+                        "capacity_reservation_id": reservation_id,
+                        "node_role": props.get("node_role") or (first.node_role if first else None),
+                        "security_groups": [*props.get("security_groups", ()), *extra],
+                        "labels": {
+                            **props.get("labels", {}),
+                            ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
+                            ultraservers.ULTRASERVER_TYPE_LABEL: spec.name,
+                        },
+                    },
+                )
+            )
+        return groups
+
     def add_gpu_nodegroup(self, construct_id: str, **props: Any) -> GpuNodeGroup:
         """Add a :class:`GpuNodeGroup` (``props`` as for :class:`GpuNodeGroupProps`, less
         ``cluster``) and, with the first one, the NVIDIA device plugin chart of
@@ -377,3 +426,42 @@ def _validate(props: NeuronClusterProps) -> None:
             f"neuron_scheduler_tag {tag!r} is not a kube-scheduler of Kubernetes {minor}, the "
             f"control plane's version; use a v{minor}.x tag of {KUBE_SCHEDULER_IMAGE}"
         )
+
+
+# What an UltraServer block decides for its node group.
+_BLOCK_PROPS = (
+    "instance_type",
+    "desired_size",
+    "min_size",
+    "max_size",
+    "capacity",
+    "capacity_reservation_id",
+)
+
+
+def _ultraserver_spec(
+    ultraserver_type: str, reservation_ids: Sequence[str], props: dict[str, Any]
+) -> ultraservers.UltraServerSpec:
+    try:
+        spec = ultraservers.get(ultraserver_type)
+    except ultraservers.UnconfirmedUltraServerError as error:
+        raise ValueError(f"ultraserver_type: {error}") from None
+    if not reservation_ids:
+        raise ValueError("reservation_ids: at least one UltraServer block is needed")
+    bad = [i for i in reservation_ids if not formats.RESERVATION_ID.fullmatch(i)]
+    if bad:
+        raise ValueError(
+            f"reservation_ids: {bad} are not capacity reservation ids ('cr-' and 17 "
+            "hexadecimal digits)"
+        )
+    twice = sorted({i for i in reservation_ids if list(reservation_ids).count(i) > 1})
+    if twice:
+        raise ValueError(f"reservation_ids: {twice} are listed twice; one node group per block")
+    decided = sorted(set(props) & set(_BLOCK_PROPS))
+    if decided:
+        raise ValueError(
+            f"{', '.join(decided)}: not allowed; each UltraServer block's node group takes the "
+            f"type's instance type and servers ({spec.instance_type}, {spec.servers}) and "
+            "launches into its block"
+        )
+    return spec

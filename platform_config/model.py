@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Literal
 
 import trn_catalog
+from trn_catalog import ultraservers
 from trn_catalog.devices import DeviceMode
 
 EnvName = Literal["dev", "prod", "preview"]
@@ -94,10 +95,20 @@ class TrnCapacity(NodeCapacity):
     picks its own)."""
 
     lnc: int | None = None
+    # UltraServer Capacity Blocks (context key ultraserver_reservation_ids): one reservation id
+    # per UltraServer, each launched by its own node group; empty for plain trn capacity.
+    ultraserver_reservation_ids: tuple[str, ...] = ()
 
     @property
     def spec(self) -> trn_catalog.InstanceSpec:
         return trn_catalog.get(self.instance_type)
+
+    @property
+    def ultraserver(self) -> ultraservers.UltraServerSpec | None:
+        """The UltraServer type of the blocks, or None without UltraServer blocks."""
+        if not self.ultraserver_reservation_ids:
+            return None
+        return ultraservers.for_instance_type(self.instance_type)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from platform_config.model import (
     TrnCapacity,
 )
 from trn_catalog import devices as device_modes
-from trn_catalog import formats, versions
+from trn_catalog import formats, ultraservers, versions
 from trn_catalog import fsx as fsx_limits
 from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, PREVIEW_REGIONS
 
@@ -54,7 +54,13 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "gpu_capacity_reservation_id",
     "devices",
     "lnc",
+    "ultraserver_reservation_ids",
 )
+# Keys that size or reserve the one plain trn node group; UltraServer blocks set both instead.
+PLAIN_TRN_CAPACITY_KEYS: tuple[str, ...] = ("trn_nodes", "capacity", "capacity_reservation_id")
+# Capacity Blocks hold at most 256 instances across blocks (botocore's EC2 model,
+# DescribeCapacityBlockOfferings InstanceCount).
+MAX_INSTANCES_ACROSS_BLOCKS = 256
 GPU_KEYS: tuple[str, ...] = (
     "gpu_instance_type",
     "gpu_nodes",
@@ -232,6 +238,69 @@ def _trn(reader: _Reader, profile: Profile) -> TrnCapacity:
         capacity=capacity,
         capacity_reservation_id=reservation,
     )
+
+
+def _ultraserver_blocks(reader: _Reader, trn: TrnCapacity) -> TrnCapacity:
+    """The trn capacity as UltraServer Capacity Blocks, when ultraserver_reservation_ids lists
+    them: one node group per block, each the UltraServer's servers, launched into the block."""
+    raw = reader.raw("ultraserver_reservation_ids")
+    if raw is None:
+        return trn
+    key = "ultraserver_reservation_ids"
+    ids = _id_list(raw)
+    if ids is None:
+        reader.fail(key, raw, "expected reservation ids separated by commas, or a JSON list")
+        return trn
+    spec = ultraservers.for_instance_type(trn.instance_type)
+    confirmed = ", ".join(
+        f"{u.instance_type} ({u.name})" for u in ultraservers.ULTRASERVERS.values()
+    )
+    reader.check(
+        spec is not None,
+        "instance_type",
+        trn.instance_type,
+        f"UltraServer blocks ({key}) need the member type of a confirmed UltraServer: {confirmed}",
+    )
+    bad = [i for i in ids if not formats.RESERVATION_ID.fullmatch(i)]
+    reader.check(
+        not bad, key, bad, "each must be a capacity reservation id: 'cr-' and 17 hexadecimal digits"
+    )
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    reader.check(not twice, key, twice, "each UltraServer block is listed once")
+    most = MAX_INSTANCES_ACROSS_BLOCKS // (spec.servers if spec else 1)
+    reader.check(
+        1 <= len(ids) <= most,
+        key,
+        raw,
+        f"expected 1 to {most} UltraServer blocks (Capacity Blocks hold at most "
+        f"{MAX_INSTANCES_ACROSS_BLOCKS} instances in all)",
+    )
+    for other in PLAIN_TRN_CAPACITY_KEYS:
+        reader.check(
+            reader.raw(other) is None,
+            other,
+            reader.raw(other),
+            f"not used with {key}: each UltraServer block is its own node group, launched into "
+            "the block (capacity-block) with the UltraServer's servers",
+        )
+    if spec is None or bad or twice:
+        return trn
+    return replace(
+        trn,
+        nodes=spec.servers * len(ids),
+        capacity="capacity-block",
+        capacity_reservation_id=None,
+        ultraserver_reservation_ids=tuple(ids),
+    )
+
+
+def _id_list(raw: Any) -> list[str] | None:
+    """Ids from ``a,b`` (the command line) or ``["a", "b"]`` (cdk.json); None when neither."""
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, list) and all(isinstance(item, str) for item in raw):
+        return [item.strip() for item in raw]
+    return None
 
 
 def _devices(
@@ -459,7 +528,7 @@ def parse_config(
         f"not offer; previews deploy to {', '.join(sorted(PREVIEW_REGIONS))}",
     )
     ttl_hours = _preview_ttl(reader, preview)
-    trn = _trn(reader, profile)
+    trn = _ultraserver_blocks(reader, _trn(reader, profile))
     devices = _devices(reader, trn.instance_type, kubernetes_version)
     trn = replace(trn, lnc=_lnc(reader, trn.instance_type, devices))
     config = PlatformConfig(

@@ -8,15 +8,22 @@ from aws_cdk import Stack
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from constructs_lib import GpuNodeGroup, NeuronCluster, NeuronClusterProps, TrainingNetwork
+from constructs_lib import (
+    GpuNodeGroup,
+    NeuronCluster,
+    NeuronClusterProps,
+    TrainingNetwork,
+    TrainiumNodeGroup,
+)
 from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog import devices as device_modes
 
 
 class ClusterStack(Stack):
-    """Composes :class:`NeuronCluster`, one Trainium node group in the trn AZ and, when the
-    config names a GPU type, one GPU node group in the same AZ (``gpu``, else None).
+    """Composes :class:`NeuronCluster`, one Trainium node group in the trn AZ (or, with
+    UltraServer blocks, one per block: ``ultraservers``, the first also ``trainium``) and, when
+    the config names a GPU type, one GPU node group in the same AZ (``gpu``, else None).
 
     It depends on the network stack only, never on the data stack, so that CloudFormation
     creates the cluster and the FSx file system at the same time.
@@ -45,17 +52,41 @@ class ClusterStack(Stack):
                 devices=config.devices,
             ),
         )
-        self.trainium = self.neuron_cluster.add_trainium_nodegroup(
-            "Trainium",
-            **_group_props(config.trn, network, f"{config.name}-trn"),
-            lnc=config.trn.lnc,
-            labels=_device_labels(config),
+        self.ultraservers = _ultraserver_groups(self.neuron_cluster, config, network)
+        self.trainium = (
+            self.ultraservers[0]
+            if self.ultraservers
+            else self.neuron_cluster.add_trainium_nodegroup(
+                "Trainium",
+                **_group_props(config.trn, network, f"{config.name}-trn"),
+                lnc=config.trn.lnc,
+                labels=_device_labels(config),
+            )
         )
         self.gpu: GpuNodeGroup | None = None
         if config.gpu is not None:
             self.gpu = self.neuron_cluster.add_gpu_nodegroup(
                 "Gpu", **_group_props(config.gpu, network, f"{config.name}-gpu")
             )
+
+
+def _ultraserver_groups(
+    cluster: NeuronCluster, config: PlatformConfig, network: TrainingNetwork
+) -> list[TrainiumNodeGroup]:
+    """One node group per UltraServer Capacity Block (none without blocks)."""
+    spec = config.trn.ultraserver
+    if spec is None:
+        return []
+    props = _group_props(config.trn, network, f"{config.name}-trn")
+    for decided in ("instance_type", "desired_size", "capacity", "capacity_reservation_id"):
+        del props[decided]
+    return cluster.add_ultraserver_nodegroups(
+        spec.name,
+        config.trn.ultraserver_reservation_ids,
+        **props,
+        lnc=config.trn.lnc,
+        labels=_device_labels(config),
+    )
 
 
 def _device_labels(config: PlatformConfig) -> dict[str, str]:

@@ -90,15 +90,16 @@ class WorkloadsStack(Stack):
             devices=config.devices,
             lnc=0 if config.devices == "dra" else config.trn.lnc or config.trn.spec.default_lnc,
             **_gpu_outputs(config, gpu, image),
+            **_ultraserver_outputs(config),
         )
         self.parameter = ssm.StringParameter(
             self,
             "Outputs",
             parameter_name=parameter_name(config.name),
             description=f"Outputs of the {config.name} training platform, read by trnctl",
-            string_value=self.to_json_string(self.outputs.__dict__),
+            string_value=self.to_json_string(self.outputs.published()),
         )
-        for key, value in self.outputs.__dict__.items():
+        for key, value in self.outputs.published().items():
             CfnOutput(self, _output_id(key), value=str(value), description=key)
 
 
@@ -115,6 +116,17 @@ def _gpu_outputs(
         "gpu_nodes": config.gpu.nodes,
         "gpu_image_uri": image.cuda_image_uri or "",
         "gpu_runtime": GPU_RUNTIME_NAME,
+    }
+
+
+def _ultraserver_outputs(config: PlatformConfig) -> dict[str, Any]:
+    """The UltraServer type and ids (the blocks' reservation ids); nothing without blocks."""
+    spec = config.trn.ultraserver
+    if spec is None:
+        return {}
+    return {
+        "ultraserver_type": spec.name,
+        "ultraserver_ids": ",".join(config.trn.ultraserver_reservation_ids),
     }
 
 

@@ -41,7 +41,8 @@ CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["
 # Variants the security gate and the template tests cover: every profile, EFA FSx, the
 # reservation-based capacity modes, a GPU node group beside the trn nodes (the per-type and
 # per-capacity GPU templates are construct-level, tests/infra/test_gpu_nodegroup.py), and devices
-# by DRA on the default trn3 type (trn2 under DRA: tests/infra/test_dra.py).
+# by DRA on the default trn3 type (trn2 under DRA: tests/infra/test_dra.py), and UltraServer
+# Capacity Blocks.
 VARIANTS: dict[str, dict[str, str]] = {
     "dev": {},
     "prod": {"env": "prod"},
@@ -60,6 +61,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
     "gpu": {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "2"},
     "dra": {"devices": "dra"},
+    # Two UltraServer Capacity Blocks, a node group each (tests/infra/test_ultraserver_nodegroups).
+    "ultraserver": {
+        "instance_type": "trn2u.48xlarge",
+        "availability_zone": "us-east-2b",
+        "ultraserver_reservation_ids": "cr-0123456789abcdef2,cr-0123456789abcdef3",
+    },
 }
 
 

@@ -98,6 +98,24 @@ class EnvironmentOutputs:
     # LNC: 0 there means "the type's default".
     devices: str = "plugin"
     lnc: int = 0
+    # UltraServer Capacity Blocks: the type (trn_catalog.ultraservers) and the blocks'
+    # reservation ids, comma-separated, which are the UltraServers' ids on the nodes' label.
+    # Empty without UltraServer blocks; such environments do not write these keys.
+    ultraserver_type: str = ""
+    ultraserver_ids: str = ""
+
+    @property
+    def ultraserver_id_list(self) -> list[str]:
+        """The UltraServers' ids (empty without UltraServer blocks)."""
+        return [i for i in self.ultraserver_ids.split(",") if i]
+
+    def published(self) -> dict[str, Any]:
+        """The keys the environment writes: all but the UltraServer keys of an environment
+        without UltraServer blocks (its outputs stay as before they existed)."""
+        data = asdict(self)
+        if not self.ultraserver_type:
+            del data["ultraserver_type"], data["ultraserver_ids"]
+        return data
 
     @property
     def has_gpu(self) -> bool:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from trn_catalog import ultraservers
 from trn_catalog.formats import MAX_BLOCK_INSTANCES
 from trnctl.errors import TrnctlError
 
@@ -49,6 +50,9 @@ class Offering:
     currency: str
     # A block that does not start on the hour runs whole hours plus these minutes.
     minutes: int = 0
+    # An UltraServer offering's type and count (EC2 returns them on such offerings only).
+    ultraserver_type: str | None = None
+    ultraserver_count: int | None = None
 
     @property
     def duration_hours(self) -> Decimal:
@@ -62,16 +66,28 @@ class Offering:
     def from_api(cls, item: dict[str, Any]) -> Offering:
         return cls(
             offering_id=item["CapacityBlockOfferingId"],
-            instance_type=item["InstanceType"],
+            instance_type=item.get("InstanceType") or _member_type(item),
             availability_zone=item["AvailabilityZone"],
-            instance_count=int(item["InstanceCount"]),
+            instance_count=int(item.get("InstanceCount") or _member_count(item)),
             start=item["StartDate"],
             end=item["EndDate"],
             hours=int(item["CapacityBlockDurationHours"]),
             upfront_fee=Decimal(item["UpfrontFee"]),
             currency=item.get("CurrencyCode", "USD"),
             minutes=int(item.get("CapacityBlockDurationMinutes", 0)),
+            ultraserver_type=item.get("UltraserverType"),
+            ultraserver_count=item.get("UltraserverCount"),
         )
+
+
+def _member_type(item: dict[str, Any]) -> str:
+    """An UltraServer offering's instance type from the catalog, where EC2 leaves it out."""
+    return ultraservers.get(item["UltraserverType"]).instance_type
+
+
+def _member_count(item: dict[str, Any]) -> int:
+    spec = ultraservers.get(item["UltraserverType"])
+    return spec.servers * int(item["UltraserverCount"])
 
 
 def find(
@@ -99,6 +115,67 @@ def find(
     pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(**params)
     offerings = [Offering.from_api(o) for page in pages for o in page["CapacityBlockOfferings"]]
     return sorted(offerings, key=lambda o: (o.per_instance_hour, o.start, o.offering_id))
+
+
+def find_ultraservers(
+    ec2: Any,
+    *,
+    ultraserver_type: str,
+    count: int,
+    days: int,
+    start_after: datetime | None = None,
+) -> list[Offering]:
+    """UltraServer Capacity Block offerings for ``count`` UltraServers of ``ultraserver_type``
+    over ``days`` days, cheapest per instance-hour first. The request carries
+    ``UltraserverType`` and ``UltraserverCount`` instead of an instance type and count.
+
+    Raises:
+        TrnctlError: an UltraServer type no source confirms (the message says why), ``count``
+            under 1 or ``days`` not an allowed duration (USAGE).
+        botocore.exceptions.ClientError: EC2 refused the call.
+    """
+    try:
+        ultraservers.get(ultraserver_type)
+    except ultraservers.UnconfirmedUltraServerError as error:
+        raise TrnctlError(f"--ultraserver-type: {error}") from None
+    if count < 1:
+        raise TrnctlError(f"--ultraserver-count {count} is not allowed; at least 1 UltraServer")
+    params: dict[str, Any] = {
+        "UltraserverType": ultraserver_type,
+        "UltraserverCount": count,
+        "CapacityDurationHours": duration_hours(days),
+    }
+    if start_after is not None:
+        params["StartDateRange"] = _utc(start_after)
+    pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(**params)
+    offerings = [Offering.from_api(o) for page in pages for o in page["CapacityBlockOfferings"]]
+    return sorted(offerings, key=lambda o: (o.per_instance_hour, o.start, o.offering_id))
+
+
+def ultraserver_deploy_flags(
+    *, availability_zone: str, ultraserver_type: str, reservation_ids: list[str]
+) -> str:
+    """The ``cdk deploy`` context flags that launch one node group per UltraServer block."""
+    spec = ultraservers.get(ultraserver_type)
+    region = availability_zone[:-1]
+    return (
+        f"-c region={region} -c availability_zone={availability_zone} "
+        f"-c instance_type={spec.instance_type} "
+        f"-c ultraserver_reservation_ids={','.join(reservation_ids)}"
+    )
+
+
+def ultraserver_type_of(response: dict[str, Any]) -> str | None:
+    """The UltraServer type a purchase bought (its ``CapacityBlocks`` name it), or None for an
+    instance Capacity Block."""
+    kinds = sorted(
+        {
+            b["UltraserverType"]
+            for b in response.get("CapacityBlocks") or []
+            if b.get("UltraserverType")
+        }
+    )
+    return kinds[0] if kinds else None
 
 
 def _utc(moment: datetime) -> datetime:
@@ -143,18 +220,24 @@ def dry_run_purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> No
             raise
 
 
-def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> list[dict[str, Any]]:
-    """Buy the offering (charged up front, not refundable); returns its CapacityReservations:
-    one, or one per segment of a segmented offering.
+def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> dict[str, Any]:
+    """Buy the offering (charged up front, not refundable); returns EC2's answer, whose
+    :func:`reservations_of` are one reservation, or one per segment of a segmented offering. The
+    same call buys an UltraServer offering (PurchaseCapacityBlock takes only the offering id).
 
     Raises:
         TrnctlError: the offering id is malformed (USAGE).
         botocore.exceptions.ClientError: EC2 refused the purchase.
     """
     check_offering_id(offering_id)
-    response = ec2.purchase_capacity_block(
+    response: dict[str, Any] = ec2.purchase_capacity_block(
         CapacityBlockOfferingId=offering_id, InstancePlatform=platform
     )
+    return response
+
+
+def reservations_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A purchase's CapacityReservations (the list, or the single one older answers carry)."""
     reservations: list[dict[str, Any]] = response.get("CapacityReservations") or [
         response["CapacityReservation"]
     ]

@@ -29,7 +29,7 @@ from trn_catalog import workspace as ws
 from trn_catalog.gpu_instances import GpuInstanceSpec
 from trn_catalog.instances import InstanceSpec
 from trn_catalog.outputs import EnvironmentOutputs
-from trnctl import models
+from trnctl import models, placement
 from trnctl.errors import ExitCode, TrnctlError
 
 KIND = "TrainJob"
@@ -234,6 +234,7 @@ def render_command(
     labels: Mapping[str, str] | None = None,
     target: str = TRN,
     lnc: int | None = None,
+    ultraserver: bool = False,
 ) -> dict[str, Any]:
     """A TrainJob on the runtime of ``target`` (see :func:`render`) that runs ``command``
     through the image's entrypoint (``entrypoint.py --exec [--workdir DIR] -- COMMAND...``): the
@@ -256,6 +257,7 @@ def render_command(
         env=command.env(name),
         target=target,
         lnc=lnc,
+        ultraserver=ultraserver,
     )
 
 
@@ -357,6 +359,8 @@ def render(
     env: Mapping[str, str] | None = None,
     target: str = TRN,
     lnc: int | None = None,
+    ultraserver: bool = False,
+    across_ultraservers: bool = False,
 ) -> dict[str, Any]:
     """A TrainJob on the environment's runtime for ``target``, checked against the schema: on
     ``trn`` the ``neuron-torch`` runtime with one rank per logical NeuronCore of the
@@ -380,10 +384,16 @@ def render(
         target: ``trn`` (default) or ``gpu``.
         lnc: the logical NeuronCore setting of a ``trn`` job (``--lnc``); default: the
             environment's (the nodes' on the device-plugin path, the type's default under DRA).
+        ultraserver: place every pod inside one UltraServer (``--ultraserver``, see
+            :mod:`trnctl.placement`). Default False.
+        across_ultraservers: place the pods on the environment's first two UltraServers
+            (``trnctl validate --across-ultraservers``). Default False.
 
     Raises:
         TrnctlError: USAGE for a bad name, node count or target, ``gpu`` in an environment
-            without a GPU group, or an ``lnc`` the environment cannot run (:func:`job_lnc`);
+            without a GPU group, an ``lnc`` the environment cannot run (:func:`job_lnc`), or an
+            ``ultraserver`` or ``across_ultraservers`` job the environment cannot place
+            (:func:`placement.check`, :func:`placement.check_across`);
             FAILED for an instance type outside the catalog, or if the result breaks the
             TrainJob schema (a bug here, or a schema the cluster's chart no longer matches).
     """
@@ -391,6 +401,7 @@ def render(
     if nodes < 1:
         raise TrnctlError(f"--nodes {nodes} is not allowed; use 1 or more")
     require_target(outputs, target)
+    patches = _placement(outputs, name, nodes, target, ultraserver, across_ultraservers)
     job_env = dict(env or {})
     runtime = runtime_name(outputs, target)
     if target == GPU:
@@ -415,6 +426,14 @@ def render(
     trainer["args"] = list(args)
     if job_env:
         trainer["env"] = [{"name": k, "value": v} for k, v in job_env.items()]
+    spec: dict[str, Any] = {
+        "runtimeRef": {
+            "name": runtime,
+            "apiGroup": ws.TRAINER_API_GROUP,
+            "kind": "TrainingRuntime",
+        },
+        "trainer": trainer,
+    }
     job = {
         "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
         "kind": KIND,
@@ -423,17 +442,32 @@ def render(
             "namespace": outputs.namespace,
             "labels": {MANAGED_BY_LABEL: "trnctl", TARGET_LABEL: target, **(labels or {})},
         },
-        "spec": {
-            "runtimeRef": {
-                "name": runtime,
-                "apiGroup": ws.TRAINER_API_GROUP,
-                "kind": "TrainingRuntime",
-            },
-            "trainer": trainer,
-        },
+        "spec": spec,
     }
+    if patches:
+        spec["runtimePatches"] = patches
     check_schema(job)
     return job
+
+
+def _placement(
+    outputs: EnvironmentOutputs, name: str, nodes: int, target: str, one: bool, across: bool
+) -> list[dict[str, Any]]:
+    """The runtime patches that place the job's pods on UltraServers (none by default)."""
+    if one and across:
+        raise TrnctlError("--ultraserver and --across-ultraservers exclude each other")
+    if one:
+        placement.check(outputs, nodes, target)
+        return [placement.runtime_patch(name)]
+    if across:
+        spec, ids = placement.check_across(outputs)
+        if nodes > 2 * spec.servers:
+            raise TrnctlError(
+                f"--across-ultraservers: {nodes} nodes are more than two {spec.name} "
+                f"UltraServers have ({2 * spec.servers})"
+            )
+        return [placement.across_patch(name, ids)]
+    return []
 
 
 def check_target(target: str) -> str:

@@ -286,6 +286,12 @@ class Cluster:
             )
         return list(listed.items)
 
+    def node_labels(self, selector: str) -> dict[str, dict[str, str]]:
+        """Each node matching the label ``selector``: its name and labels."""
+        with calling(f"list the nodes labelled {selector}"):
+            listed = self.core.list_node(label_selector=selector, _request_timeout=REQUEST_TIMEOUT)
+        return {n.metadata.name: dict(n.metadata.labels or {}) for n in listed.items}
+
     def log(self, pod: str) -> str:
         """The trainer container's log. Where the container restarted (the runtime's pods
         restart on failure), the previous container's log comes first, then a line saying so,

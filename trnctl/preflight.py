@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 import trn_catalog
-from trn_catalog import InstanceSpec
+from trn_catalog import InstanceSpec, ultraservers
 from trn_catalog import devices as device_modes
 from trn_catalog.outputs import EnvironmentOutputs
 
@@ -353,3 +353,89 @@ def _dra_checks(spec: InstanceSpec) -> list[Check]:
 
 def failed(checks: list[Check]) -> bool:
     return any(c.status is Status.FAIL for c in checks)
+
+
+def check_nodes(outputs: EnvironmentOutputs, nodes: dict[str, dict[str, str]]) -> list[Check]:
+    """What the trn nodes' own labels say (``nodes``: name -> labels), against the
+    environment's outputs: their device-management mode and LNC (``trn-platform/devices``,
+    ``trn-platform/lnc``) and, with UltraServer blocks, their UltraServers."""
+    if not nodes:
+        return [
+            Check(
+                "node labels",
+                Status.WARN,
+                f"no trn node of {outputs.environment} has joined the cluster",
+                "wait for the node group (a Capacity Block joins nodes from its start)",
+            )
+        ]
+    spec = trn_catalog.CATALOG.get(outputs.instance_type)
+    lnc = outputs.lnc or (spec.default_lnc if spec else 0)
+    wanted_lnc = device_modes.LNC_PER_JOB if outputs.devices == "dra" else str(lnc)
+    checks = [
+        _label_check(nodes, "devices on the nodes", device_modes.DEVICES_LABEL, outputs.devices),
+        _label_check(nodes, "LNC on the nodes", device_modes.LNC_LABEL, wanted_lnc),
+    ]
+    if outputs.ultraserver_type or any(
+        ultraservers.ULTRASERVER_ID_LABEL in v for v in nodes.values()
+    ):
+        checks.append(check_ultraservers(outputs, nodes))
+    return checks
+
+
+def _label_check(nodes: dict[str, dict[str, str]], name: str, label: str, wanted: str) -> Check:
+    wrong = {
+        n: labels.get(label, "(none)") for n, labels in nodes.items() if labels.get(label) != wanted
+    }
+    if not wrong:
+        return Check(name, Status.PASS, f"{label}={wanted} on all {len(nodes)} nodes")
+    found = ", ".join(f"{n}: {value}" for n, value in sorted(wrong.items()))
+    return Check(
+        name,
+        Status.FAIL,
+        f"{label} differs from the environment's outputs ({wanted}) on {found}",
+        "the node group and the workloads stack are from different deploys: cdk deploy --all",
+    )
+
+
+def ultraservers_of(nodes: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    """UltraServer id -> its nodes, from the nodes' ``trn-platform/ultraserver-id`` labels."""
+    found: dict[str, list[str]] = {}
+    for name, labels in sorted(nodes.items()):
+        if ultraservers.ULTRASERVER_ID_LABEL in labels:
+            found.setdefault(labels[ultraservers.ULTRASERVER_ID_LABEL], []).append(name)
+    return found
+
+
+def check_ultraservers(outputs: EnvironmentOutputs, nodes: dict[str, dict[str, str]]) -> Check:
+    """The UltraServers the nodes belong to and their node counts, against the outputs' ids and
+    the UltraServer type's servers: a full UltraServer passes, a short or missing one warns, a
+    node of an UltraServer the environment does not list fails."""
+    found = ultraservers_of(nodes)
+    listed = outputs.ultraserver_id_list
+    try:
+        servers = ultraservers.get(outputs.ultraserver_type).servers
+    except ultraservers.UnconfirmedUltraServerError as error:
+        return Check("UltraServers", Status.FAIL, str(error), "redeploy with a confirmed type")
+    detail = "; ".join(
+        f"{uid}: {len(found.get(uid, []))}/{servers} nodes"
+        for uid in [*listed, *sorted(set(found) - set(listed))]
+    )
+    unknown = sorted(set(found) - set(listed))
+    if unknown:
+        return Check(
+            "UltraServers",
+            Status.FAIL,
+            f"{detail}; not in the environment's outputs: {', '.join(unknown)}",
+            "the node groups and the workloads stack are from different deploys: cdk deploy --all",
+        )
+    short = [uid for uid in listed if len(found.get(uid, [])) < servers]
+    if short:
+        return Check(
+            "UltraServers",
+            Status.WARN,
+            f"{outputs.ultraserver_type} x {len(listed)}: {detail}",
+            f"not yet full: {', '.join(short)} (a block joins its nodes from its start)",
+        )
+    return Check(
+        "UltraServers", Status.PASS, f"{outputs.ultraserver_type} x {len(listed)}: {detail}"
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from trn_catalog import ultraservers
 from trn_catalog.instances import InstanceSpec
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import jobs
@@ -34,18 +35,37 @@ def render(
     image: str | None = None,
     size_mib: int = 64,
     iterations: int = 10,
+    ultraserver: bool = False,
+    across_ultraservers: bool = False,
 ) -> dict[str, Any]:
-    """The validation TrainJob: one pod per trn node of the environment."""
+    """The validation TrainJob: one pod per trn node of the environment; with ``ultraserver``
+    one per node of one UltraServer (its all-reduce runs inside it), with
+    ``across_ultraservers`` one per node of two.
+
+    Raises:
+        TrnctlError: USAGE for a placement the environment cannot make (as
+            :func:`jobs.render`).
+    """
     job_name = jobs.validate_name(name) if name else jobs.generated_name("validate", "", now)
     return jobs.render(
         name=job_name,
         outputs=outputs,
-        nodes=outputs.trn_nodes,
+        nodes=node_count(outputs, ultraserver, across_ultraservers),
         image=image,
         command=COMMAND,
         args=["--size-mib", str(size_mib), "--iterations", str(iterations)],
         labels={jobs.PURPOSE_LABEL: "validate"},
+        ultraserver=ultraserver,
+        across_ultraservers=across_ultraservers,
     )
+
+
+def node_count(outputs: EnvironmentOutputs, ultraserver: bool, across: bool) -> int:
+    """Nodes the validation job runs on: all trn nodes, one UltraServer's or two's."""
+    if (ultraserver or across) and outputs.ultraserver_type:
+        servers = ultraservers.get(outputs.ultraserver_type).servers
+        return servers * (2 if across else 1)
+    return outputs.trn_nodes
 
 
 def device_note(outputs: EnvironmentOutputs) -> str:

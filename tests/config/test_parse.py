@@ -240,6 +240,7 @@ def test_context_keys_are_the_documented_names() -> None:
         "gpu_capacity_reservation_id",
         "devices",
         "lnc",
+        "ultraserver_reservation_ids",
     )
 
 

@@ -113,6 +113,21 @@ def _trainer_problems(obj: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _patched_pods(
+    spec: Mapping[str, Any], pod: dict[str, Any]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each runtime patch's pod spec (affinity, node selector, tolerations) as a Pod."""
+    for p, patch in enumerate(spec.get("runtimePatches") or []):
+        jobs = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+        for j, job in enumerate(jobs.get("replicatedJobs") or []):
+            patched = job.get("template", {}).get("spec", {}).get("template", {})
+            pod_spec = {"containers": [{"name": ws.TRAINER_CONTAINER, "image": PLACEHOLDER}]}
+            pod_spec.update(patched.get("spec") or {})
+            meta = {**pod["metadata"], **(patched.get("metadata") or {})}
+            where = f"spec.runtimePatches.{p}...replicatedJobs.{j}: "
+            yield where, {**pod, "metadata": meta, "spec": pod_spec}
+
+
 def _embedded(obj: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     spec = obj["spec"]
     if obj["kind"] == "TrainJob":
@@ -125,6 +140,7 @@ def _embedded(obj: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             container["resources"] = trainer["resourcesPerNode"]
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": PLACEHOLDER}}
         yield "spec.trainer: ", {**pod, "spec": {"containers": [container]}}
+        yield from _patched_pods(spec, pod)
         return
     for index, job in enumerate(spec["template"]["spec"]["replicatedJobs"]):
         metadata = {"name": job["name"], **(job["template"].get("metadata") or {})}

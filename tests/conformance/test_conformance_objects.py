@@ -15,7 +15,7 @@ import pytest
 from kube_objects import Applied, manifests, problems
 
 from tests.conftest import VARIANTS, Synth, sample_outputs
-from trn_catalog import crds, versions
+from trn_catalog import crds, ultraservers, versions
 from trn_catalog import workspace as ws
 from trnctl import jobs, validation
 
@@ -34,6 +34,8 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
         trn_nodes=workspace.nodes,
         devices=synth.platform.workloads.outputs.devices,
         lnc=synth.platform.workloads.outputs.lnc,
+        ultraserver_type=synth.platform.workloads.outputs.ultraserver_type,
+        ultraserver_ids=synth.platform.workloads.outputs.ultraserver_ids,
         **gpu_outputs(workspace),
     )
     name = jobs.generated_name("train", "125m", NOW)
@@ -64,6 +66,7 @@ def trnctl_objects(synth: Synth) -> list[Applied]:
     )
     objects = [
         *lnc_objects(outputs, name),
+        *ultraserver_objects(outputs, name),
         Applied("trnctl job submit", train),
         Applied("trnctl job submit --model --lora-rank", fine_tune),
         Applied("trnctl job submit -- COMMAND", own_code),
@@ -106,6 +109,29 @@ def lnc_objects(outputs: Any, name: str) -> list[Applied]:
     return [Applied("trnctl job submit --lnc 1", job)]
 
 
+def ultraserver_objects(outputs: Any, name: str) -> list[Applied]:
+    """With UltraServer blocks, the job `trnctl job submit --ultraserver` creates (its pods
+    placed by the runtime patch's affinity), from a preset and with a command after --."""
+    if not outputs.ultraserver_type:
+        return []
+    servers = ultraservers.get(outputs.ultraserver_type).servers
+    job = jobs.render(
+        name=name,
+        outputs=outputs,
+        nodes=servers,
+        args=jobs.TrainingArgs("125m", "corpus", max_steps=100).argv(name),
+        ultraserver=True,
+    )
+    command = jobs.CommandArgs(("torchrun", "train.py"), None)
+    run = jobs.render_command(
+        name=name, outputs=outputs, nodes=servers, command=command, ultraserver=True
+    )
+    return [
+        Applied("trnctl job submit --ultraserver", job),
+        Applied("trnctl job submit --ultraserver -- COMMAND", run),
+    ]
+
+
 def gpu_outputs(workspace: Any) -> dict[str, Any]:
     """The GPU fields of the environment's outputs, as the workloads stack writes them for a
     workspace with a GPU type (none without)."""
@@ -145,6 +171,7 @@ def test_every_object_conforms_to_the_pinned_apis(
         "TrainJob",
     } <= kinds
     gpu = {"trnctl job submit --target gpu", "trnctl job submit --target gpu -- COMMAND"}
+    ultra = {"trnctl job submit --ultraserver", "trnctl job submit --ultraserver -- COMMAND"}
     assert {a.origin for a in objects if a.origin.startswith("trnctl")} == {
         "trnctl job submit",
         "trnctl job submit --model --lora-rank",
@@ -153,6 +180,7 @@ def test_every_object_conforms_to_the_pinned_apis(
         "trnctl validate",
         *(gpu if "gpu_instance_type" in VARIANTS[variant] else ()),
         *(["trnctl job submit --lnc 1"] if VARIANTS[variant].get("devices") == "dra" else ()),
+        *(ultra if "ultraserver_reservation_ids" in VARIANTS[variant] else ()),
     }
     if VARIANTS[variant].get("devices") == "dra":
         assert "ResourceClaimTemplate" in kinds

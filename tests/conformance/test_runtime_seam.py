@@ -33,13 +33,13 @@ def synthesized_runtime(synth: Synth, name: str = ws.RUNTIME_NAME) -> dict[str, 
 
 
 def node_instance_type(synth: Synth, catalog: Any = trn_catalog.CATALOG) -> str:
-    """The instance type of the synthesized node group (Trainium, or with ``catalog`` the GPU
-    catalog, GPU) from its launch template."""
-    (instance_type,) = [
+    """The instance type of the synthesized node groups (Trainium, or with ``catalog`` the GPU
+    catalog, GPU) from their launch templates (one group, or one per UltraServer block)."""
+    (instance_type,) = {
         t["Properties"]["LaunchTemplateData"]["InstanceType"]
         for t in synth.resources("cluster", "AWS::EC2::LaunchTemplate").values()
         if t["Properties"]["LaunchTemplateData"].get("InstanceType") in catalog
-    ]
+    }
     return str(instance_type)
 
 

@@ -1,6 +1,6 @@
 """A tiny Kubernetes API server on 127.0.0.1 with just the endpoints trnctl calls, so that the
 real kubernetes client's requests run end to end: TrainingRuntime get, TrainJob create/get, pod
-list by label selector, pod log (plain, follow, and the previous container's)."""
+and node lists by label selector, pod log (plain, follow, and the previous container's)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ROUTES = [
     ("GET", re.compile(TRAINER + r"/trainjobs/(?P<name>[^/]+)$"), "get"),
     ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$"), "log"),
+    ("GET", re.compile(r"/api/v1/nodes$"), "nodes"),
 ]
 
 
@@ -46,6 +47,8 @@ class FakeKube:
     # Pod name -> the log of its previous (restarted) container.
     previous_logs: dict[str, str] = field(default_factory=dict)
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Node name -> its labels.
+    nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     on_create: Callable[[dict[str, Any]], None] | None = None
     requests: list[Request] = field(default_factory=list)
 
@@ -204,6 +207,17 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             selector = q.get("labelSelector", [""])[0]
             items = [pod for pod in state.pods if _matches(pod["metadata"]["labels"], selector)]
             self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+
+        def _nodes(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
+            selector = q.get("labelSelector", [""])[0]
+            items = [
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": labels}}
+                for n, labels in state.nodes.items()
+                if _matches(labels, selector)
+            ]
+            self._send(
+                200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+            )
 
         def _log(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
             name = p["name"]

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from trn_catalog import ultraservers
 from trnctl import (
     aws,
     capacity,
 )
 from trnctl.commands import common
-from trnctl.commands.common import (
-    InstanceTypeOption,
-    RegionOption,
-)
+from trnctl.commands.common import RegionOption
 from trnctl.errors import ExitCode, TrnctlError
 
 app = typer.Typer(help="Find and buy EC2 Capacity Blocks for ML.", no_args_is_help=True)
@@ -24,9 +22,24 @@ app = typer.Typer(help="Find and buy EC2 Capacity Blocks for ML.", no_args_is_he
 
 @app.command("find")
 def capacity_find(
-    instance_type: InstanceTypeOption,
-    count: Annotated[int, typer.Option("--count", help="Instances in the block (1-64).")],
     days: Annotated[int, typer.Option("--days", help="Duration: 1-14, then multiples of 7.")],
+    instance_type: Annotated[
+        str | None, typer.Option("--instance-type", help="Instance type, e.g. trn2.48xlarge.")
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option("--count", help="Instances in the block (1-64).")
+    ] = None,
+    ultraserver_type: Annotated[
+        str | None,
+        typer.Option(
+            "--ultraserver-type",
+            help="UltraServer type, e.g. u-trn2x64 (instead of --instance-type).",
+        ),
+    ] = None,
+    ultraserver_count: Annotated[
+        int | None,
+        typer.Option("--ultraserver-count", help="UltraServers in the offering (with the type)."),
+    ] = None,
     start_after: Annotated[
         datetime | None,
         typer.Option(
@@ -37,26 +50,68 @@ def capacity_find(
     ] = None,
     region: RegionOption = None,
 ) -> None:
-    """List Capacity Block offerings, cheapest per instance-hour first; exit 4 if there are none."""
+    """List Capacity Block offerings (instances, or UltraServers), cheapest per instance-hour
+    first; exit 4 if there are none."""
     resolved = common.region_of(region)
-    offerings = capacity.find(
-        aws.client("ec2", resolved),
-        instance_type=instance_type,
-        count=count,
-        days=days,
-        start_after=start_after,
-    )
+    ec2 = aws.client("ec2", resolved)
+    if ultraserver_type is not None or ultraserver_count is not None:
+        kind, number = _ultraserver_options(
+            instance_type, count, ultraserver_type, ultraserver_count
+        )
+        offerings = capacity.find_ultraservers(
+            ec2,
+            ultraserver_type=kind,
+            count=number,
+            days=days,
+            start_after=start_after,
+        )
+        wanted = f"{ultraserver_count} x UltraServer {ultraserver_type}"
+    else:
+        if instance_type is None or count is None:
+            raise TrnctlError(
+                "capacity find needs --instance-type and --count, or --ultraserver-type and "
+                "--ultraserver-count"
+            )
+        offerings = capacity.find(
+            ec2, instance_type=instance_type, count=count, days=days, start_after=start_after
+        )
+        wanted = f"{count} x {instance_type}"
     if not offerings:
         raise TrnctlError(
-            f"no Capacity Block offerings for {count} x {instance_type} over {days} days in "
+            f"no Capacity Block offerings for {wanted} over {days} days in "
             f"{resolved}; try other dates, fewer instances or another region",
             ExitCode.NOT_FOUND,
         )
-    table = Table(title=f"Capacity Blocks: {count} x {instance_type}, {days} days, {resolved}")
-    for column in ("offering", "AZ", "start (UTC)", "end (UTC)", "hours", "upfront", "per inst-h"):
+    _print_offerings(offerings, f"Capacity Blocks: {wanted}, {days} days, {resolved}", resolved)
+
+
+def _ultraserver_options(
+    instance_type: str | None,
+    count: int | None,
+    ultraserver_type: str | None,
+    ultraserver_count: int | None,
+) -> tuple[str, int]:
+    """The UltraServer type and count, when the options make an UltraServer search."""
+    if instance_type is not None or count is not None:
+        raise TrnctlError(
+            "--ultraserver-type/--ultraserver-count search UltraServer offerings; leave out "
+            "--instance-type and --count (an UltraServer's instance type and count are fixed)"
+        )
+    if ultraserver_type is None or ultraserver_count is None:
+        raise TrnctlError("--ultraserver-type and --ultraserver-count go together")
+    return ultraserver_type, ultraserver_count
+
+
+def _print_offerings(offerings: list[capacity.Offering], title: str, region: str) -> None:
+    ultra = any(o.ultraserver_type for o in offerings)
+    table = Table(title=title)
+    columns = ["offering", "AZ", "start (UTC)", "end (UTC)", "hours", "upfront", "per inst-h"]
+    if ultra:
+        columns[1:1] = ["UltraServers", "instances"]
+    for column in columns:
         table.add_column(column, overflow="fold")
     for o in offerings:
-        table.add_row(
+        cells = [
             o.offering_id,
             o.availability_zone,
             f"{o.start:%Y-%m-%d %H:%M}",
@@ -64,17 +119,30 @@ def capacity_find(
             f"{o.hours}:{o.minutes:02d}" if o.minutes else str(o.hours),
             f"{o.upfront_fee:,.2f} {o.currency}",
             f"{o.per_instance_hour:,.2f} {o.currency}",
-        )
+        ]
+        if ultra:
+            cells[1:1] = [
+                f"{o.ultraserver_count} x {o.ultraserver_type}",
+                f"{o.instance_count} x {o.instance_type}",
+            ]
+        table.add_row(*cells)
     console = common.console()
     console.print(table)
     best = offerings[0]
-    console.print(f"cheapest: trnctl capacity buy {best.offering_id} --region {resolved} --yes")
-    flags = capacity.deploy_flags(
-        availability_zone=best.availability_zone,
-        instance_type=best.instance_type,
-        count=best.instance_count,
-        reservation_id=capacity.RESERVATION_PLACEHOLDER,
-    )
+    console.print(f"cheapest: trnctl capacity buy {best.offering_id} --region {region} --yes")
+    if best.ultraserver_type:
+        flags = capacity.ultraserver_deploy_flags(
+            availability_zone=best.availability_zone,
+            ultraserver_type=best.ultraserver_type,
+            reservation_ids=[capacity.RESERVATION_PLACEHOLDER],
+        )
+    else:
+        flags = capacity.deploy_flags(
+            availability_zone=best.availability_zone,
+            instance_type=best.instance_type,
+            count=best.instance_count,
+            reservation_id=capacity.RESERVATION_PLACEHOLDER,
+        )
     console.print(f"then deploy with: {flags}", soft_wrap=True)
 
 
@@ -85,7 +153,8 @@ def capacity_buy(
     platform: Annotated[str, typer.Option("--platform")] = capacity.PLATFORM,
     region: RegionOption = None,
 ) -> None:
-    """Buy a Capacity Block (charged up front, not refundable); a dry run unless --yes."""
+    """Buy a Capacity Block or an UltraServer Capacity Block (charged up front, not
+    refundable); a dry run unless --yes."""
     ec2 = aws.client("ec2", common.region_of(region))
     console = common.console()
     if not yes:
@@ -93,23 +162,55 @@ def capacity_buy(
         console.print(
             f"dry run: EC2 would sell {offering_id}; nothing was bought. Rerun with --yes to buy "
             "(charged up front, not refundable). After buying, deploy with: "
-            "-c capacity=capacity-block -c capacity_reservation_id=<the id it prints>",
+            "-c capacity=capacity-block -c capacity_reservation_id=<the id it prints> "
+            "(an UltraServer block: -c ultraserver_reservation_ids=<the ids it prints>)",
             soft_wrap=True,
         )
         return
-    # A segmented offering yields one reservation per segment; a node group uses one of them.
-    for reservation in capacity.purchase(ec2, offering_id, platform):
-        flags = capacity.deploy_flags(
-            availability_zone=reservation["AvailabilityZone"],
-            instance_type=reservation["InstanceType"],
-            count=int(reservation["TotalInstanceCount"]),
-            reservation_id=reservation["CapacityReservationId"],
-        )
+    response = capacity.purchase(ec2, offering_id, platform)
+    reservations = capacity.reservations_of(response)
+    for reservation in reservations:
         console.print(
             f"bought {offering_id}: reservation {reservation['CapacityReservationId']}, "
             f"{reservation['TotalInstanceCount']} x {reservation['InstanceType']} in "
             f"{reservation['AvailabilityZone']}, {reservation.get('StartDate')} to "
             f"{reservation.get('EndDate')} (EKS drains the nodes 40 minutes before the end)",
             soft_wrap=True,
+        )
+    ultraserver_type = capacity.ultraserver_type_of(response)
+    if ultraserver_type is not None:
+        _print_ultraserver_flags(ultraserver_type, reservations)
+        return
+    # A segmented offering yields one reservation per segment; a node group uses one of them.
+    for reservation in reservations:
+        flags = capacity.deploy_flags(
+            availability_zone=reservation["AvailabilityZone"],
+            instance_type=reservation["InstanceType"],
+            count=int(reservation["TotalInstanceCount"]),
+            reservation_id=reservation["CapacityReservationId"],
+        )
+        console.print(f"deploy with: {flags}", soft_wrap=True)
+
+
+def _print_ultraserver_flags(ultraserver_type: str, reservations: list[dict[str, Any]]) -> None:
+    """One node group per UltraServer reservation: the deploy flags list them all."""
+    console = common.console()
+    try:
+        spec = ultraservers.get(ultraserver_type)
+    except ultraservers.UnconfirmedUltraServerError as error:
+        console.print(f"not deployable by this platform: {error}", soft_wrap=True)
+        return
+    whole = [r for r in reservations if int(r["TotalInstanceCount"]) == spec.servers]
+    for other in (r for r in reservations if r not in whole):
+        console.print(
+            f"reservation {other['CapacityReservationId']} holds {other['TotalInstanceCount']} "
+            f"instances, not one {spec.name} ({spec.servers}); it is left out of the flags",
+            soft_wrap=True,
+        )
+    if whole:
+        flags = capacity.ultraserver_deploy_flags(
+            availability_zone=whole[0]["AvailabilityZone"],
+            ultraserver_type=spec.name,
+            reservation_ids=[r["CapacityReservationId"] for r in whole],
         )
         console.print(f"deploy with: {flags}", soft_wrap=True)

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 import trn_catalog
+from trn_catalog import ultraservers
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import (
     aws,
@@ -140,6 +141,14 @@ def job_submit(
             "the device-plugin path it must be the nodes' setting. Default: the environment's.",
         ),
     ] = None,
+    ultraserver: Annotated[
+        bool,
+        typer.Option(
+            "--ultraserver",
+            help="Place every pod inside one UltraServer (environments with UltraServer "
+            "blocks, devices=plugin); --nodes defaults to one UltraServer's servers.",
+        ),
+    ] = False,
     name: NameOption = None,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
@@ -150,7 +159,9 @@ def job_submit(
     name."""
     jobs.check_target(target)
     if target == jobs.GPU:
-        _refuse_on_gpu({"--precompile": precompile, "--lnc": lnc is not None})
+        _refuse_on_gpu(
+            {"--precompile": precompile, "--lnc": lnc is not None, "--ultraserver": ultraserver}
+        )
     if command:
         trainer_only = {
             "--preset": preset is not None,
@@ -179,6 +190,7 @@ def job_submit(
             region=region,
             target=target,
             lnc=lnc,
+            ultraserver=ultraserver,
         )
         return
     if code is not None:
@@ -210,7 +222,7 @@ def job_submit(
     )
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
-    count = _node_count(outputs, nodes, target)
+    count = _node_count(outputs, nodes, target, ultraserver)
     if model_name is not None:
         s3 = aws.client("s3", outputs.region)
         models.require_staged(s3, outputs.datasets_bucket, model_name, env)
@@ -227,6 +239,7 @@ def job_submit(
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
         target=target,
         lnc=lnc,
+        ultraserver=ultraserver,
     )
     what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
     _create(job, outputs, spec, what, env, dry_run)
@@ -236,6 +249,7 @@ def job_submit(
 TRN_ONLY = {
     "--precompile": "it fills the Neuron compile cache; CUDA compiles as it runs",
     "--lnc": "it groups NeuronCores; a GPU job runs one rank per GPU",
+    "--ultraserver": "it places Trainium pods inside one UltraServer",
 }
 
 
@@ -264,9 +278,15 @@ def _spec_of(
     return jobs.gpu_spec_of(outputs) if target == jobs.GPU else jobs.trn_spec_of(outputs)
 
 
-def _node_count(outputs: EnvironmentOutputs, nodes: int | None, target: str) -> int:
+def _node_count(
+    outputs: EnvironmentOutputs, nodes: int | None, target: str, ultraserver: bool = False
+) -> int:
+    """``nodes``, or by default every node of the target's group (one UltraServer's servers for
+    an ``--ultraserver`` job in an environment with UltraServer blocks)."""
     group, size = ("GPU", outputs.gpu_nodes) if target == jobs.GPU else ("trn", outputs.trn_nodes)
     count = size if nodes is None else nodes
+    if nodes is None and ultraserver and outputs.ultraserver_type and target == jobs.TRN:
+        count = ultraservers.get(outputs.ultraserver_type).servers
     if size == 0:
         key = "gpu_nodes" if target == jobs.GPU else "trn_nodes"
         raise TrnctlError(
@@ -327,6 +347,7 @@ def _submit_command(
     region: str | None,
     target: str,
     lnc: int | None = None,
+    ultraserver: bool = False,
 ) -> None:
     """``job submit -- COMMAND``: refuses the flags only trn-train takes, checks staged code
     and runs the command through the image's entrypoint on the ``target``'s group."""
@@ -342,7 +363,7 @@ def _submit_command(
     )
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
-    count = _node_count(outputs, nodes, target)
+    count = _node_count(outputs, nodes, target, ultraserver)
     if code_name is not None:
         s3 = aws.client("s3", outputs.region)
         codes.require_staged(s3, outputs.datasets_bucket, code_name, env)
@@ -358,6 +379,7 @@ def _submit_command(
         labels=labels,
         target=target,
         lnc=lnc,
+        ultraserver=ultraserver,
     )
     what = f"command {shlex.join(command)}" + (f" in code/{code_name}" if code_name else "")
     _create(job, outputs, spec, what, env, dry_run)

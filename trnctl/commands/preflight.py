@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from botocore.exceptions import ClientError
 
+from trn_catalog import workspace as ws
+from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import (
     aws,
     preflight,
@@ -28,12 +31,14 @@ def preflight_command(
         typer.Option(
             "--env",
             help="A deployed environment (trn-dev, ...): also report how its trn nodes get "
-            "their devices (plugin or dra) and their logical NeuronCore setting.",
+            "their devices (plugin or dra) and their logical NeuronCore setting, from its "
+            "outputs and read back from the nodes' labels, and its UltraServers.",
         ),
     ] = None,
 ) -> None:
     """Check type offering, EFA layout, On-Demand quota and reservations (and, with --env, the
-    environment's device management and LNC); exit 1 on a failure."""
+    environment's device management and LNC, what its nodes' labels say of both, and its
+    UltraServers); exit 1 on a failure."""
     resolved = common.region_of(region)
     if not az.startswith(resolved):
         raise TrnctlError(
@@ -45,5 +50,25 @@ def preflight_command(
         aws.client("ec2", resolved), aws.client("service-quotas", resolved), request
     )
     if env is not None:
-        checks += preflight.check_devices(common.outputs_of(env, resolved))
+        outputs = common.outputs_of(env, resolved)
+        checks += preflight.check_devices(outputs)
+        checks += node_checks(outputs)
     common.print_checks(f"preflight: {count} x {instance_type} in {az}", "check", checks)
+
+
+def node_checks(outputs: EnvironmentOutputs) -> list[preflight.Check]:
+    """The trn nodes' labels against the outputs; a cluster that cannot be read (not yet
+    created, no access) is a warning, since the account checks above stand without it."""
+    selector = f"{ws.NODE_TYPE_LABEL}={ws.TRAINIUM_NODE_TYPE}"
+    try:
+        nodes = common.cluster_of(outputs).node_labels(selector)
+    except (TrnctlError, ClientError) as error:
+        return [
+            preflight.Check(
+                "node labels",
+                preflight.Status.WARN,
+                f"could not read the nodes of {outputs.cluster_name}: {error}",
+                "deploy the cluster, or grant this identity access to it (EKS access entry)",
+            )
+        ]
+    return preflight.check_nodes(outputs, nodes)

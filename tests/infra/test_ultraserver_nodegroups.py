@@ -1,0 +1,90 @@
+"""UltraServer Capacity Blocks (the `ultraserver` variant): one managed node group per block,
+launched into it, labelled with the block's reservation id as its UltraServer's id."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import Synth
+from trn_catalog import ultraservers
+
+pytestmark = pytest.mark.slow
+
+BLOCKS = ("cr-0123456789abcdef2", "cr-0123456789abcdef3")
+
+
+@pytest.fixture
+def ultra(synth_variant: Callable[[str], Synth]) -> Synth:
+    return synth_variant("ultraserver")
+
+
+def trn_groups(synth: Synth) -> list[dict[str, Any]]:
+    groups = synth.resources("cluster", "AWS::EKS::Nodegroup").values()
+    return [
+        g["Properties"]
+        for g in groups
+        if g["Properties"]["Labels"]["trn-platform/node-type"] == "trainium"
+    ]
+
+
+def launch_data(synth: Synth, reservation_id: str) -> dict[str, Any]:
+    (data,) = [
+        t["Properties"]["LaunchTemplateData"]
+        for t in synth.resources("cluster", "AWS::EC2::LaunchTemplate").values()
+        if t["Properties"]["LaunchTemplateData"]
+        .get("CapacityReservationSpecification", {})
+        .get("CapacityReservationTarget", {})
+        .get("CapacityReservationId")
+        == reservation_id
+    ]
+    return data
+
+
+def test_each_block_is_a_capacity_block_group_of_one_ultraserver(ultra: Synth) -> None:
+    groups = trn_groups(ultra)
+
+    assert [g["Labels"][ultraservers.ULTRASERVER_ID_LABEL] for g in groups] == list(BLOCKS)
+    for group in groups:
+        assert group["CapacityType"] == "CAPACITY_BLOCK"
+        assert group["ScalingConfig"] == {"DesiredSize": 4, "MaxSize": 4, "MinSize": 0}
+        assert group["Labels"][ultraservers.ULTRASERVER_TYPE_LABEL] == "u-trn2x64"
+        assert group["Labels"]["trn-platform/devices"] == "plugin"
+    for block in BLOCKS:
+        data = launch_data(ultra, block)
+        assert data["InstanceType"] == "trn2u.48xlarge"
+        assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+        assert "Placement" not in data
+
+
+def test_the_groups_share_one_node_role_and_the_first_groups_efa_security_group(
+    ultra: Synth,
+) -> None:
+    first, second = trn_groups(ultra)
+    assert first["NodeRole"] == second["NodeRole"]
+    first_efa = launch_data(ultra, BLOCKS[0])["NetworkInterfaces"][0]["Groups"][0]
+    for block in BLOCKS:
+        for interface in launch_data(ultra, block)["NetworkInterfaces"]:
+            assert first_efa in interface["Groups"]
+
+
+def test_the_outputs_name_the_ultraservers(ultra: Synth) -> None:
+    (parameter,) = ultra.resources("workloads", "AWS::SSM::Parameter").values()
+    text = json.dumps(parameter["Properties"]["Value"])
+
+    assert '\\"ultraserver_type\\":\\"u-trn2x64\\"' in text
+    assert f'\\"ultraserver_ids\\":\\"{",".join(BLOCKS)}\\"' in text
+    assert '\\"trn_nodes\\":8' in text
+    outputs = ultra.template("workloads")["Outputs"]
+    assert outputs["UltraserverIds"]["Value"] == ",".join(BLOCKS)
+
+
+def test_an_environment_without_blocks_writes_no_ultraserver_keys(dev: Synth) -> None:
+    text = json.dumps(dev.template("workloads"))
+
+    assert "ultraserver" not in text.lower()
+    assert len(trn_groups(dev)) == 1
+    assert ultraservers.ULTRASERVER_ID_LABEL not in trn_groups(dev)[0]["Labels"]
