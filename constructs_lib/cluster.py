@@ -39,7 +39,7 @@ from constructs_lib.gpu_nodegroup import GpuNodeGroup
 from constructs_lib.plugins import KUBE_SCHEDULER_IMAGE, NeuronPlugins
 from constructs_lib.plugins import neuron_values as neuron_values
 from constructs_lib.plugins import nvidia_device_plugin_values as nvidia_device_plugin_values
-from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
+from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, efa_security_group
 from trn_catalog import devices as device_modes
 from trn_catalog import formats, ultraservers, versions
 
@@ -117,7 +117,8 @@ class NeuronCluster(Construct):
 
     Attributes:
         cluster, secrets_key, system_nodegroup, addons (name -> eks.Addon), charts (release ->
-        eks.HelmChart).
+        eks.HelmChart), ultraserver_efa_security_group and ultraserver_node_role (None until
+        :meth:`add_ultraserver_nodegroups` first runs).
 
     Raises:
         ValueError: a malformed or open public CIDR, a malformed admin role ARN, system_nodes
@@ -180,6 +181,8 @@ class NeuronCluster(Construct):
         self._addon_roles()
         self.plugins = self._plugins()
         self.charts = self.plugins.charts
+        self.ultraserver_efa_security_group: ec2.SecurityGroup | None = None
+        self.ultraserver_node_role: iam.Role | None = None
 
     @property
     def icluster(self) -> eks.ICluster:
@@ -231,9 +234,12 @@ class NeuronCluster(Construct):
         ``UltraServer-<reservation id>``): the UltraServer type's member instance type, desired
         and max size its servers, capacity ``capacity-block`` into that block, and the labels
         ``trn-platform/ultraserver-id=<reservation id>`` and
-        ``trn-platform/ultraserver-type=<type>`` added to ``props['labels']``. The groups share
-        the first one's node role (unless ``node_role`` is given) and its EFA security group,
-        so EFA traffic flows between UltraServers. ``props`` are the other node group props.
+        ``trn-platform/ultraserver-type=<type>`` added to ``props['labels']``. Every UltraServer
+        group of the cluster shares one node role (``ultraserver_node_role``, unless
+        ``node_role`` is given) and one EFA security group (``ultraserver_efa_security_group``),
+        both owned by the cluster, so EFA traffic flows between UltraServers and dropping one
+        block from the list leaves the other blocks' groups and nodes as they are.
+        ``props`` are the other node group props.
 
         One group per block, not one over all blocks: EKS documents Capacity Block node groups
         with a launch template that targets one reservation id (capacity-blocks-mng); a
@@ -248,30 +254,40 @@ class NeuronCluster(Construct):
                 capacity_reservation_id).
         """
         spec = _ultraserver_spec(ultraserver_type, reservation_ids, props)
-        groups: list[TrainiumNodeGroup] = []
-        for reservation_id in reservation_ids:
-            first = groups[0] if groups else None
-            extra = [first.efa_security_group] if first else []
-            groups.append(
-                self.add_trainium_nodegroup(
-                    f"UltraServer-{reservation_id}",
-                    **{
-                        **props,
-                        "instance_type": spec.instance_type,
-                        "desired_size": spec.servers,
-                        "capacity": "capacity-block",
-                        "capacity_reservation_id": reservation_id,
-                        "node_role": props.get("node_role") or (first.node_role if first else None),
-                        "security_groups": [*props.get("security_groups", ()), *extra],
-                        "labels": {
-                            **props.get("labels", {}),
-                            ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
-                            ultraservers.ULTRASERVER_TYPE_LABEL: spec.name,
-                        },
+        shared_group, shared_role = self._ultraserver_shared()
+        return [
+            self.add_trainium_nodegroup(
+                f"UltraServer-{reservation_id}",
+                **{
+                    **props,
+                    "instance_type": spec.instance_type,
+                    "desired_size": spec.servers,
+                    "capacity": "capacity-block",
+                    "capacity_reservation_id": reservation_id,
+                    "node_role": props.get("node_role") or shared_role,
+                    "security_groups": [*props.get("security_groups", ()), shared_group],
+                    "labels": {
+                        **props.get("labels", {}),
+                        ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
+                        ultraservers.ULTRASERVER_TYPE_LABEL: spec.name,
                     },
-                )
+                },
             )
-        return groups
+            for reservation_id in reservation_ids
+        ]
+
+    def _ultraserver_shared(self) -> tuple[ec2.SecurityGroup, iam.Role]:
+        """The EFA security group and node role of every UltraServer group, made once. They
+        belong to the cluster, not to a block's group, so that no block's group depends on
+        another's being there."""
+        if self.ultraserver_efa_security_group is None or self.ultraserver_node_role is None:
+            self.ultraserver_efa_security_group = efa_security_group(
+                self, "UltraServerEfaSecurityGroup", self.cluster.vpc
+            )
+            self.ultraserver_node_role = worker_node_role(
+                self, "UltraServerNodeRole", TrainiumNodeGroup.ROLE_DESCRIPTION
+            )
+        return self.ultraserver_efa_security_group, self.ultraserver_node_role
 
     def add_gpu_nodegroup(self, construct_id: str, **props: Any) -> GpuNodeGroup:
         """Add a :class:`GpuNodeGroup` (``props`` as for :class:`GpuNodeGroupProps`, less

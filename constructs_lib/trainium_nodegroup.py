@@ -155,6 +155,22 @@ class TrainiumNodeGroupProps:
     lnc: int | None = None
 
 
+def efa_security_group(scope: Construct, construct_id: str, vpc: ec2.IVpc) -> ec2.SecurityGroup:
+    """A security group that lets all traffic flow between its members and nowhere else: EFA
+    needs every protocol between the nodes of one job."""
+    group = ec2.SecurityGroup(
+        scope,
+        construct_id,
+        vpc=vpc,
+        description="EFA: all traffic to and from members of this group only",
+        allow_all_outbound=False,
+    )
+    group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA from the group")
+    group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA to the group")
+    deny_other_egress(group)
+    return group
+
+
 class TrainiumNodeGroup(Construct):
     """A managed node group of trn instances, with the EFA layout from the instance catalog.
 
@@ -241,17 +257,7 @@ class TrainiumNodeGroup(Construct):
         return [eks.TaintSpec(key=cls.TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)]
 
     def _efa_security_group(self) -> ec2.SecurityGroup:
-        group = ec2.SecurityGroup(
-            self,
-            "EfaSecurityGroup",
-            vpc=self.props.cluster.vpc,
-            description="EFA: all traffic to and from members of this group only",
-            allow_all_outbound=False,
-        )
-        group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA from the group")
-        group.add_egress_rule(group, ec2.Port.all_traffic(), "EFA to the group")
-        deny_other_egress(group)
-        return group
+        return efa_security_group(self, "EfaSecurityGroup", self.props.cluster.vpc)
 
     def _network_interfaces(self) -> list[dict[str, Any]]:
         groups = [

@@ -43,9 +43,6 @@ TRN3_UNCONFIRMED = (
 # sets them, so jobs place by these instead.
 ULTRASERVER_ID_LABEL = "trn-platform/ultraserver-id"
 ULTRASERVER_TYPE_LABEL = "trn-platform/ultraserver-type"
-# Pods of one job carry this label; a job's pod anti-affinity keeps other jobs' pods off its
-# UltraServer.
-JOB_LABEL = "trn-platform/ultraserver-job"
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,8 @@ class UltraServerSpec:
     """One UltraServer type.
 
     ``name`` is the value of EC2's ``UltraserverType``; ``sources`` maps each fact to a key of
-    :data:`SOURCES`.
+    :data:`SOURCES`; ``unverified`` maps a fact whose source is indirect to what is missing
+    (default: none).
     """
 
     name: str
@@ -61,6 +59,7 @@ class UltraServerSpec:
     servers: int
     chips: int
     sources: Mapping[str, str] = field(repr=False)
+    unverified: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
 
     @property
     def chips_per_server(self) -> int:
@@ -83,6 +82,15 @@ ULTRASERVERS: Mapping[str, UltraServerSpec] = MappingProxyType(
                     "instance_type": "neuron-trn2-arch",
                     "servers": "neuron-trn2-arch",
                     "chips": "neuron-trn2-arch",
+                }
+            ),
+            unverified=MappingProxyType(
+                {
+                    "name": (
+                        "the Neuron docs call the Trn2 UltraServer 'u-trn2x64' in prose; no EC2 "
+                        "document or API model lists the values of UltraserverType, so this is "
+                        "EC2's value only once an offering returns it"
+                    )
                 }
             ),
         ),

@@ -38,7 +38,7 @@ RUNTIME_PLURAL = "trainingruntimes"
 # Labels JobSet puts on every pod of a TrainJob (JobSet is named after the TrainJob) and the
 # index label of the Indexed Job behind the "node" replicated job (Kubernetes batch/v1). The
 # Kubeflow SDK selects a TrainJob's pods by the same three labels.
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_NAME_LABEL = placement.JOBSET_NAME_LABEL
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

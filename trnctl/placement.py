@@ -122,6 +122,8 @@ def _apart_from_other_jobs(job_name: str) -> dict[str, Any]:
             ]
         },
         "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
+        # Jobs of every namespace: without a selector the term sees the pod's namespace only.
+        "namespaceSelector": {},
     }
     return {"requiredDuringSchedulingIgnoredDuringExecution": [other_jobs]}
 

@@ -535,6 +535,31 @@ def test_job_engine_schema_refuses_bad_jobs() -> None:
             jsonschema.validate({**job, "spec": bad}, crds.schema("TrainJob"))
 
 
+def grace_patch(manager: str, seconds: int) -> dict[str, Any]:
+    pod = {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": seconds}}}}
+    replicated = {"name": "node", "template": pod}
+    return {
+        "manager": manager,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated]}}},
+    }
+
+
+def test_job_engine_schema_keeps_the_patch_bounds_of_trainer_2_3_0() -> None:
+    """A patch's manager is 1 to 253 characters and a grace period at least 0 (the TrainJob
+    CRD of Trainer v2.3.0)."""
+    job: dict[str, Any] = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "llama"},
+        "spec": {"runtimeRef": {"name": "neuron-torch"}, "runtimePatches": [grace_patch("m", 0)]},
+    }
+    jsonschema.validate(job, crds.schema("TrainJob"))
+    for bad in (grace_patch("", 0), grace_patch("m", -1)):
+        job["spec"]["runtimePatches"] = [bad]
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(job, crds.schema("TrainJob"))
+
+
 def test_workspace_volumes(dev: Synth) -> None:
     manifests = {
         (m["kind"], m["metadata"]["name"]): m for m in dev.platform.workloads.workspace.manifests()

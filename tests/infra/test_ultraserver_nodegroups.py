@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Synth
+from tests.conftest import VARIANTS, Synth, synthesize
 from trn_catalog import ultraservers
 
 pytestmark = pytest.mark.slow
@@ -60,15 +61,41 @@ def test_each_block_is_a_capacity_block_group_of_one_ultraserver(ultra: Synth) -
         assert "Placement" not in data
 
 
-def test_the_groups_share_one_node_role_and_the_first_groups_efa_security_group(
+def test_the_groups_share_one_node_role_and_one_efa_security_group_of_the_cluster(
     ultra: Synth,
 ) -> None:
     first, second = trn_groups(ultra)
     assert first["NodeRole"] == second["NodeRole"]
-    first_efa = launch_data(ultra, BLOCKS[0])["NetworkInterfaces"][0]["Groups"][0]
+    assert "UltraServerNodeRole" in first["NodeRole"]["Fn::GetAtt"][0]
+    (shared,) = [
+        key
+        for key in ultra.resources("cluster", "AWS::EC2::SecurityGroup")
+        if "UltraServerEfaSecurityGroup" in key
+    ]
     for block in BLOCKS:
         for interface in launch_data(ultra, block)["NetworkInterfaces"]:
-            assert first_efa in interface["Groups"]
+            assert {"Fn::GetAtt": [shared, "GroupId"]} in interface["Groups"]
+
+
+def block_resources(synth: Synth, reservation_id: str) -> dict[str, Any]:
+    """The node group and launch template of one block's group, by logical id."""
+    resources = synth.template("cluster")["Resources"]
+    block = reservation_id.replace("-", "")
+    return {key: value for key, value in resources.items() if f"UltraServer{block}" in key}
+
+
+def test_dropping_a_block_leaves_the_other_blocks_group_as_it_was(
+    ultra: Synth, tmp_path: Path
+) -> None:
+    """A block that ended comes off the list; the group of a block still running must not be
+    replaced (its nodes would be recycled) because of it."""
+    second_only = {**VARIANTS["ultraserver"], "ultraserver_reservation_ids": BLOCKS[1]}
+    after = synthesize(second_only, tmp_path)
+
+    kept = block_resources(after, BLOCKS[1])
+    assert {t["Type"] for t in kept.values()} >= {"AWS::EKS::Nodegroup", "AWS::EC2::LaunchTemplate"}
+    assert kept == block_resources(ultra, BLOCKS[1])
+    assert block_resources(after, BLOCKS[0]) == {}
 
 
 def test_the_outputs_name_the_ultraservers(ultra: Synth) -> None:

@@ -80,6 +80,33 @@ def test_find_passes_the_ultraserver_parameters_and_shows_them(
     ec2.assert_no_pending_responses()
 
 
+def test_no_offerings_says_the_type_name_is_unverified_at_ec2(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    ec2 = stub(clients("ec2"))
+    ec2.add_response(
+        "describe_capacity_block_offerings",
+        {"CapacityBlockOfferings": []},
+        {"UltraserverType": "u-trn2x64", "UltraserverCount": 1, "CapacityDurationHours": 24},
+    )
+
+    run = trnctl(
+        "capacity",
+        "find",
+        "--ultraserver-type",
+        "u-trn2x64",
+        "--ultraserver-count",
+        "1",
+        "--days",
+        "1",
+    )
+
+    assert run.exit_code == 4
+    text = " ".join(run.stderr.split())
+    assert "no Capacity Block offerings for 1 x UltraServer u-trn2x64" in text
+    assert "no EC2 document or API model lists the values of UltraserverType" in text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

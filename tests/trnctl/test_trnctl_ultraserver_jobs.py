@@ -51,6 +51,8 @@ def test_the_job_requires_its_pods_together_on_one_ultraserver_and_others_away()
     }
     (apart,) = found["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert apart["topologyKey"] == "trn-platform/ultraserver-id"
+    # Jobs of other namespaces too (an empty selector matches every namespace).
+    assert apart["namespaceSelector"] == {}
     assert apart["labelSelector"]["matchExpressions"] == [
         {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"},
         {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "NotIn", "values": ["run-1"]},

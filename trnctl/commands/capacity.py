@@ -79,10 +79,19 @@ def capacity_find(
     if not offerings:
         raise TrnctlError(
             f"no Capacity Block offerings for {wanted} over {days} days in "
-            f"{resolved}; try other dates, fewer instances or another region",
+            f"{resolved}; try other dates, fewer instances or another region"
+            + _unverified_name(ultraserver_type),
             ExitCode.NOT_FOUND,
         )
     _print_offerings(offerings, f"Capacity Blocks: {wanted}, {days} days, {resolved}", resolved)
+
+
+def _unverified_name(ultraserver_type: str | None) -> str:
+    """Why an empty answer may also mean EC2 calls the UltraServer type otherwise."""
+    if ultraserver_type is None:
+        return ""
+    reason = ultraservers.get(ultraserver_type).unverified.get("name")
+    return f" (note: {reason})" if reason else ""
 
 
 def _ultraserver_options(
