@@ -1,6 +1,6 @@
-"""The eager CPU kernels of the model (RoPE, RMSNorm, SwiGLU and the cross-entropy with backwards
-of their own) give the
-values and gradients of the plain ops they stand in for, and run where they should."""
+"""The eager CPU kernels of the model (RoPE, RMSNorm, SwiGLU and the cross-entropy, with
+backwards of their own) give the values and gradients of the plain ops they stand in for, and
+run where they should."""
 
 from __future__ import annotations
 
