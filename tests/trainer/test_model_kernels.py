@@ -1,12 +1,15 @@
-"""The eager CPU kernels of the model (RoPE and RMSNorm with backwards of their own) give the
-values and gradients of the plain ops they stand in for, and run where they should."""
+"""The eager CPU kernels of the model (RoPE, RMSNorm, SwiGLU and the cross-entropy, with
+backwards of their own) give the values and gradients of the plain ops they stand in for, and
+run where they should."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer import model
+from trainer import data, model
+from trainer.config import ModelConfig
 
 
 def _plain_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -55,3 +58,82 @@ def test_the_model_uses_the_kernels_in_eager_cpu_fp32() -> None:
 
     assert "_RMSNormFunction" in type(norm(x).grad_fn).__name__
     assert "_RMSNormFunction" not in type(norm.double()(x.double()).grad_fn).__name__
+
+
+def test_swiglu_matches_the_plain_product_and_its_gradient() -> None:
+    torch.manual_seed(0)
+    h = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 5, 8, dtype=torch.float64)
+
+    ours = model._SwiGLUFunction.apply(h)
+    (ours_grad,) = torch.autograd.grad(ours, h, grad)
+    gate, up = h.chunk(2, dim=-1)
+    plain = F.silu(gate) * up
+    (plain_grad,) = torch.autograd.grad(plain, h, grad)
+
+    torch.testing.assert_close(ours, plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours_grad, plain_grad, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(model._SwiGLUFunction.apply, (h,))
+
+
+def _ours_and_plain_cross_entropy(
+    targets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    # More rows than one chunk, so that the chunks' seams are covered.
+    logits = torch.randn(model._CE_ROWS * 2 + 7, 11, dtype=torch.float64, requires_grad=True)
+    grad = torch.tensor(1.7, dtype=torch.float64)
+    # A copy: the backward writes the gradient over its input, a temporary in the model.
+    ours = model._CrossEntropyFunction.apply(logits * 1, targets)
+    (ours_grad,) = torch.autograd.grad(ours, logits, grad)
+    plain = F.cross_entropy(logits, targets)
+    (plain_grad,) = torch.autograd.grad(plain, logits, grad)
+    return ours, plain, ours_grad, plain_grad
+
+
+def test_cross_entropy_matches_torch_and_its_gradient_with_ignored_targets() -> None:
+    targets = torch.randint(
+        0, 11, (model._CE_ROWS * 2 + 7,), generator=torch.Generator().manual_seed(1)
+    )
+    targets[::5] = data.IGNORE_INDEX
+
+    ours, plain, ours_grad, plain_grad = _ours_and_plain_cross_entropy(targets)
+
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=0)
+    torch.testing.assert_close(ours_grad, plain_grad, rtol=0, atol=1e-12)
+    assert ours_grad[::5].abs().max() == 0
+
+
+def test_cross_entropy_with_no_target_is_nan_as_torch_gives_it() -> None:
+    targets = torch.full((model._CE_ROWS * 2 + 7,), data.IGNORE_INDEX)
+
+    ours, plain, _, _ = _ours_and_plain_cross_entropy(targets)
+
+    assert ours.isnan() and plain.isnan()
+
+
+def test_cross_entropy_backward_twice_is_an_error() -> None:
+    logits = torch.randn(4, 3, requires_grad=True)
+    loss = model._CrossEntropyFunction.apply(logits * 1, torch.tensor([0, 1, 2, 0]))
+    loss.backward(retain_graph=True)
+
+    with pytest.raises(RuntimeError, match="backward runs once"):
+        loss.backward()
+
+
+def test_the_model_uses_swiglu_and_cross_entropy_kernels_in_eager_cpu_fp32() -> None:
+    cfg = ModelConfig(
+        n_layer=1, n_head=2, d_model=16, seq_len=8, vocab_size=32, d_ff=24, llama_style=True
+    )
+    gpt = model.GPT(cfg)
+    seen: list[str] = []
+    block = gpt.blocks[0]
+    assert isinstance(block, model.Block)
+    block.mlp.down.register_forward_pre_hook(
+        lambda _, args: seen.append(type(args[0].grad_fn).__name__)
+    )
+    idx = torch.randint(0, 32, (2, 8))
+
+    assert "_CrossEntropyFunction" in type(gpt(idx, idx).grad_fn).__name__
+    assert "_SwiGLUFunction" in seen[0]
+    assert "_CrossEntropyFunction" not in type(gpt.double()(idx, idx).grad_fn).__name__

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig, RopeScaling
+from trainer.data import IGNORE_INDEX
 
 
 def _eager_on(x: torch.Tensor, devices: tuple[str, ...]) -> bool:
@@ -118,6 +119,54 @@ class _RotateFunction(torch.autograd.Function):
         return _turn(grad, cos, -sin), None, None
 
 
+# Rows of logits per chunk of the hand-written cross-entropy: a chunk's temporaries (1 MiB at a
+# vocabulary of 4096) stay in cache and are reused by the allocator rather than mapped afresh.
+_CE_ROWS = 64
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """The mean cross-entropy of ``(rows, vocab)`` logits against ``(rows,)`` targets, left out
+    where the target is :data:`IGNORE_INDEX` (NaN when every target is), as ``F.cross_entropy``
+    computes it: the negative log-softmax at the target. ``F.cross_entropy`` allocates a
+    log-softmax, a zeroed gradient and the logits' gradient, each as large as the logits; this
+    one takes the log-softmax a chunk of rows at a time, saves only the logits, and writes
+    their gradient into their own memory: the logits are a temporary of :meth:`GPT.forward`
+    that nothing else reads."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != IGNORE_INDEX
+        picks = torch.where(valid, targets, 0).unsqueeze(1)
+        picked = torch.empty(picks.shape, dtype=logits.dtype, device=logits.device)
+        for rows, row_picks, out in zip(
+            torch.split(logits, _CE_ROWS),
+            torch.split(picks, _CE_ROWS),
+            torch.split(picked, _CE_ROWS),
+            strict=True,
+        ):
+            torch.gather(torch.log_softmax(rows, -1), 1, row_picks, out=out)
+        count = valid.sum()
+        ctx.save_for_backward(logits, picks, valid, count)
+        ctx.spent = False
+        return -torch.where(valid, picked.squeeze(1), 0.0).sum() / count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.spent:
+            # The first backward turned the saved logits into their gradient.
+            raise RuntimeError("the cross-entropy's backward runs once (no retain_graph)")
+        ctx.spent = True
+        logits, picks, valid, count = ctx.saved_tensors
+        # d/d logits = (softmax - one_hot(target)) * grad / count on rows with a target.
+        weights = torch.where(valid, grad / count, 0.0).unsqueeze(1)
+        for rows, row_weights in zip(
+            torch.split(logits, _CE_ROWS), torch.split(weights, _CE_ROWS), strict=True
+        ):
+            torch.mul(torch.softmax(rows, -1), row_weights, out=rows)
+        return logits.scatter_add_(1, picks, weights.neg()), None
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -154,6 +203,29 @@ class Attention(nn.Module):
         return out
 
 
+class _SwiGLUFunction(torch.autograd.Function):
+    """``silu(gate) * up`` of the two halves of ``h``, saving ``h`` alone (autograd would also
+    keep ``silu(gate)``). The backward writes both halves' gradients straight into one tensor
+    shaped like ``h``: no temporaries and no concatenation of the halves' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h)
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (h,) = ctx.saved_tensors
+        gate, up = h.chunk(2, dim=-1)
+        out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        grad_gate, grad_up = out.chunk(2, dim=-1)
+        torch.mul(grad, up, out=grad_gate)
+        torch.ops.aten.silu_backward.grad_input(grad_gate, gate, grad_input=grad_gate)
+        torch.ops.aten.silu.out(gate, out=grad_up).mul_(grad)
+        return out
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -164,7 +236,9 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
-        if self.swiglu:
+        if self.swiglu and _eager_on(h, ("cpu",)):
+            h = _SwiGLUFunction.apply(h)  # type: ignore[no-untyped-call]
+        elif self.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
@@ -253,7 +327,11 @@ class GPT(nn.Module):
         """The mean cross-entropy of :meth:`logits` against ``targets``, in FP32; targets of
         -100 (cross_entropy's default ``ignore_index``) are left out."""
         logits = self.logits(idx)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        rows = logits.float().view(-1, logits.size(-1))
+        if rows.dtype == logits.dtype and _eager_on(rows, ("cpu",)):
+            loss: torch.Tensor = _CrossEntropyFunction.apply(rows, targets.reshape(-1))  # type: ignore[no-untyped-call]
+            return loss
+        return F.cross_entropy(rows, targets.reshape(-1))
 
     def num_params(self) -> int:
         """Unique parameters (a tied embedding counts once)."""
