@@ -43,6 +43,13 @@ TRN3_UNCONFIRMED = (
 # sets them, so jobs place by these instead.
 ULTRASERVER_ID_LABEL = "trn-platform/ultraserver-id"
 ULTRASERVER_TYPE_LABEL = "trn-platform/ultraserver-type"
+# The Neuron docs' own labels for an UltraServer of N servers (aws-neuron-sdk
+# deploy/eks/ultraserver.rst: the worker affinity's topologyKey and the node listing of its
+# "Confirm your work"; N is 2 or 4): one server id shared by the N nodes and each node's
+# position 0..N-1. The guide's prerequisite is the Neuron device plugin 2.26.26.0 or later;
+# which component sets them is not stated, so preflight reads them where they are.
+NEURON_SERVER_ID_LABEL = "neuron.amazonaws.com/ultraserver-server-id-{servers}"
+NEURON_NODE_ID_LABEL = "neuron.amazonaws.com/ultraserver-node-id-{servers}"
 
 
 @dataclass(frozen=True)

@@ -379,6 +379,7 @@ def check_nodes(outputs: EnvironmentOutputs, nodes: dict[str, dict[str, str]]) -
         ultraservers.ULTRASERVER_ID_LABEL in v for v in nodes.values()
     ):
         checks.append(check_ultraservers(outputs, nodes))
+        checks.append(check_neuron_ultraserver_labels(outputs, nodes))
     return checks
 
 
@@ -404,6 +405,67 @@ def ultraservers_of(nodes: dict[str, dict[str, str]]) -> dict[str, list[str]]:
         if ultraservers.ULTRASERVER_ID_LABEL in labels:
             found.setdefault(labels[ultraservers.ULTRASERVER_ID_LABEL], []).append(name)
     return found
+
+
+def check_neuron_ultraserver_labels(
+    outputs: EnvironmentOutputs, nodes: dict[str, dict[str, str]]
+) -> Check:
+    """Whether the Neuron docs' UltraServer labels agree with the platform's: the nodes of each
+    UltraServer block share one Neuron server id and hold distinct node ids. This checks, on a
+    deployed cluster, that one block is one UltraServer. Labels on no node warn (nothing set
+    them; jobs still place by ``trn-platform/ultraserver-id``); a block over several Neuron
+    server ids, or two nodes of one position, fails."""
+    name = "Neuron UltraServer labels"
+    try:
+        servers = ultraservers.get(outputs.ultraserver_type).servers
+    except ultraservers.UnconfirmedUltraServerError as error:
+        return Check(name, Status.FAIL, str(error), "redeploy with a confirmed type")
+    server_label = ultraservers.NEURON_SERVER_ID_LABEL.format(servers=servers)
+    node_label = ultraservers.NEURON_NODE_ID_LABEL.format(servers=servers)
+    blocks = ultraservers_of(nodes)
+    members = [n for names in blocks.values() for n in names]
+    if not any(server_label in nodes[n] for n in members):
+        return Check(
+            name,
+            Status.WARN,
+            f"{server_label} is on none of the {len(members)} UltraServer nodes",
+            "the Neuron device plugin (2.26.26.0 or later, per the Neuron UltraServer guide) "
+            "is expected to set it; jobs place by trn-platform/ultraserver-id meanwhile",
+        )
+    problems = [
+        problem
+        for uid, names in blocks.items()
+        for problem in _block_problems(uid, names, nodes, server_label, node_label)
+    ]
+    if problems:
+        return Check(
+            name,
+            Status.FAIL,
+            "; ".join(problems),
+            "a Capacity Block that is not one UltraServer: check the reservation with "
+            "aws ec2 describe-instance-topology",
+        )
+    return Check(
+        name, Status.PASS, f"each UltraServer block is one {server_label} with distinct node ids"
+    )
+
+
+def _block_problems(
+    uid: str,
+    names: list[str],
+    nodes: dict[str, dict[str, str]],
+    server_label: str,
+    node_label: str,
+) -> list[str]:
+    server_ids = sorted({nodes[n].get(server_label, "(none)") for n in names})
+    node_ids = [nodes[n].get(node_label, "(none)") for n in names]
+    problems = []
+    if len(server_ids) > 1:
+        problems.append(f"{uid} spans {server_label} {', '.join(server_ids)}")
+    twice = sorted({i for i in node_ids if node_ids.count(i) > 1})
+    if twice:
+        problems.append(f"{uid} has {node_label} {', '.join(twice)} on more than one node")
+    return problems
 
 
 def check_ultraservers(outputs: EnvironmentOutputs, nodes: dict[str, dict[str, str]]) -> Check:

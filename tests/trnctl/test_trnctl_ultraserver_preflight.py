@@ -93,6 +93,56 @@ def test_a_short_or_missing_ultraserver_warns() -> None:
     assert check.fix.startswith(f"not yet full: {A}, {B}")
 
 
+SERVER_4 = "neuron.amazonaws.com/ultraserver-server-id-4"
+NODE_4 = "neuron.amazonaws.com/ultraserver-node-id-4"
+
+
+def with_neuron_labels(
+    nodes: dict[str, dict[str, str]], server_of: dict[str, str]
+) -> dict[str, dict[str, str]]:
+    """The Neuron docs' labels as their guide lists them: a server id per UltraServer and each
+    node's position in it (here: per block, in name order)."""
+    positions: dict[str, int] = {}
+    labelled = {}
+    for name, found in sorted(nodes.items()):
+        block = found["trn-platform/ultraserver-id"]
+        position = positions.get(block, 0)
+        positions[block] = position + 1
+        labelled[name] = {**found, SERVER_4: server_of[block], NODE_4: str(position)}
+    return labelled
+
+
+def test_neuron_labels_that_agree_with_the_blocks_pass() -> None:
+    nodes = with_neuron_labels(fleet({A: 4, B: 4}), {A: "bog79p1y8tetj5uu", B: "u5wy80u0o2saugxy"})
+
+    check = by_name(preflight.check_nodes(ULTRA, nodes))["Neuron UltraServer labels"]
+
+    assert check.status is preflight.Status.PASS
+    assert check.detail == f"each UltraServer block is one {SERVER_4} with distinct node ids"
+
+
+def test_without_neuron_labels_preflight_warns_and_says_jobs_still_place() -> None:
+    check = by_name(preflight.check_nodes(ULTRA, fleet({A: 4})))["Neuron UltraServer labels"]
+
+    assert check.status is preflight.Status.WARN
+    assert check.detail == f"{SERVER_4} is on none of the 4 UltraServer nodes"
+    assert "jobs place by trn-platform/ultraserver-id" in check.fix
+
+
+def test_a_block_over_two_neuron_ultraservers_fails_naming_them() -> None:
+    nodes = with_neuron_labels(fleet({A: 4}), {A: "s1"})
+    nodes["ip-2-3"][SERVER_4] = "s2"
+    nodes["ip-2-2"][NODE_4] = "0"
+
+    check = preflight.check_neuron_ultraserver_labels(ULTRA, nodes)
+
+    assert check.status is preflight.Status.FAIL
+    assert check.detail == (
+        f"{A} spans {SERVER_4} s1, s2; {A} has {NODE_4} 0 on more than one node"
+    )
+    assert "describe-instance-topology" in check.fix
+
+
 def test_no_nodes_warns() -> None:
     (check,) = preflight.check_nodes(ULTRA, {})
     assert check.status is preflight.Status.WARN
