@@ -105,16 +105,8 @@ def find(
     """
     if not 1 <= count <= MAX_INSTANCES:
         raise TrnctlError(f"--count {count} is outside 1 to {MAX_INSTANCES} (one Capacity Block)")
-    params: dict[str, Any] = {
-        "InstanceType": instance_type,
-        "InstanceCount": count,
-        "CapacityDurationHours": duration_hours(days),
-    }
-    if start_after is not None:
-        params["StartDateRange"] = _utc(start_after)
-    pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(**params)
-    offerings = [Offering.from_api(o) for page in pages for o in page["CapacityBlockOfferings"]]
-    return sorted(offerings, key=lambda o: (o.per_instance_hour, o.start, o.offering_id))
+    wanted = {"InstanceType": instance_type, "InstanceCount": count}
+    return _offerings(ec2, wanted, days, start_after)
 
 
 def find_ultraservers(
@@ -140,11 +132,16 @@ def find_ultraservers(
         raise TrnctlError(f"--ultraserver-type: {error}") from None
     if count < 1:
         raise TrnctlError(f"--ultraserver-count {count} is not allowed; at least 1 UltraServer")
-    params: dict[str, Any] = {
-        "UltraserverType": ultraserver_type,
-        "UltraserverCount": count,
-        "CapacityDurationHours": duration_hours(days),
-    }
+    wanted = {"UltraserverType": ultraserver_type, "UltraserverCount": count}
+    return _offerings(ec2, wanted, days, start_after)
+
+
+def _offerings(
+    ec2: Any, wanted: dict[str, Any], days: int, start_after: datetime | None
+) -> list[Offering]:
+    """``DescribeCapacityBlockOfferings`` for ``wanted`` (instances or UltraServers), every
+    page, cheapest per instance-hour first."""
+    params: dict[str, Any] = {**wanted, "CapacityDurationHours": duration_hours(days)}
     if start_after is not None:
         params["StartDateRange"] = _utc(start_after)
     pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(**params)
