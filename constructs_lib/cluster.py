@@ -235,10 +235,11 @@ class NeuronCluster(Construct):
         and max size its servers, capacity ``capacity-block`` into that block, and the labels
         ``trn-platform/ultraserver-id=<reservation id>`` and
         ``trn-platform/ultraserver-type=<type>`` added to ``props['labels']``. Every UltraServer
-        group of the cluster shares one node role (``ultraserver_node_role``, unless
-        ``node_role`` is given) and one EFA security group (``ultraserver_efa_security_group``),
-        both owned by the cluster, so EFA traffic flows between UltraServers and dropping one
-        block from the list leaves the other blocks' groups and nodes as they are.
+        group of the cluster shares one node role (``ultraserver_node_role``, made unless
+        ``node_role`` is given) and uses one EFA security group
+        (``ultraserver_efa_security_group``) instead of a group of its own, both owned by the
+        cluster, so EFA traffic flows between UltraServers and dropping one block from the list
+        leaves the other blocks' groups and nodes as they are.
         ``props`` are the other node group props.
 
         One group per block, not one over all blocks: EKS documents Capacity Block node groups
@@ -254,7 +255,8 @@ class NeuronCluster(Construct):
                 capacity_reservation_id).
         """
         spec = _ultraserver_spec(ultraserver_type, reservation_ids, props)
-        shared_group, shared_role = self._ultraserver_shared()
+        efa_group = self._ultraserver_efa_group()
+        role = props.get("node_role") or self._ultraserver_role()
         return [
             self.add_trainium_nodegroup(
                 f"UltraServer-{reservation_id}",
@@ -264,8 +266,8 @@ class NeuronCluster(Construct):
                     "desired_size": spec.servers,
                     "capacity": "capacity-block",
                     "capacity_reservation_id": reservation_id,
-                    "node_role": props.get("node_role") or shared_role,
-                    "security_groups": [*props.get("security_groups", ()), shared_group],
+                    "node_role": role,
+                    "efa_security_group": efa_group,
                     "labels": {
                         **props.get("labels", {}),
                         ultraservers.ULTRASERVER_ID_LABEL: reservation_id,
@@ -276,18 +278,22 @@ class NeuronCluster(Construct):
             for reservation_id in reservation_ids
         ]
 
-    def _ultraserver_shared(self) -> tuple[ec2.SecurityGroup, iam.Role]:
-        """The EFA security group and node role of every UltraServer group, made once. They
-        belong to the cluster, not to a block's group, so that no block's group depends on
-        another's being there."""
-        if self.ultraserver_efa_security_group is None or self.ultraserver_node_role is None:
+    def _ultraserver_efa_group(self) -> ec2.SecurityGroup:
+        """The EFA security group of every UltraServer group, made once. It belongs to the
+        cluster, not to a block's group, so that no block's group depends on another's."""
+        if self.ultraserver_efa_security_group is None:
             self.ultraserver_efa_security_group = efa_security_group(
                 self, "UltraServerEfaSecurityGroup", self.cluster.vpc
             )
+        return self.ultraserver_efa_security_group
+
+    def _ultraserver_role(self) -> iam.Role:
+        """The node role of every UltraServer group that is given none, made once."""
+        if self.ultraserver_node_role is None:
             self.ultraserver_node_role = worker_node_role(
                 self, "UltraServerNodeRole", TrainiumNodeGroup.ROLE_DESCRIPTION
             )
-        return self.ultraserver_efa_security_group, self.ultraserver_node_role
+        return self.ultraserver_node_role
 
     def add_gpu_nodegroup(self, construct_id: str, **props: Any) -> GpuNodeGroup:
         """Add a :class:`GpuNodeGroup` (``props`` as for :class:`GpuNodeGroupProps`, less

@@ -127,6 +127,10 @@ class TrainiumNodeGroupProps:
             taint and stay.
         security_groups: extra groups on every network interface, e.g. the Lustre clients
             group. Default none (the EFA group and the cluster security group are always on).
+        efa_security_group: the group that lets EFA traffic flow between its members, for
+            node groups whose nodes talk EFA to each other (every interface carries it; EC2
+            allows 5 groups per interface by default). Default: a new group of this node
+            group's own (:func:`efa_security_group`).
         name_prefix: the node group is named ``<name_prefix>-<8 hex digits>``, the digits a
             digest of what replaces it (its create-only properties and, with ``capacity-block``,
             its launch template), so a replacement gets a new name instead of failing on a
@@ -151,6 +155,7 @@ class TrainiumNodeGroupProps:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: Sequence[eks.TaintSpec] | None = None
     security_groups: Sequence[ec2.ISecurityGroup] = ()
+    efa_security_group: ec2.ISecurityGroup | None = None
     name_prefix: str | None = None
     lnc: int | None = None
 
@@ -228,7 +233,7 @@ class TrainiumNodeGroup(Construct):
         self.spec: Any = _validate(props, self._lookup)
         _check_labels(props.labels, self.NODE_TYPE)
         self.props = props
-        self.efa_security_group = self._efa_security_group()
+        self.efa_security_group = props.efa_security_group or self._efa_security_group()
         # The groups of ours on every interface; the cluster's own group is left to its owner.
         self.connections = ec2.Connections(
             security_groups=[self.efa_security_group, *props.security_groups]
@@ -256,7 +261,7 @@ class TrainiumNodeGroup(Construct):
         only pods asking for the accelerator (and tolerating it) land on these nodes."""
         return [eks.TaintSpec(key=cls.TAINT_KEY, value="true", effect=eks.TaintEffect.NO_SCHEDULE)]
 
-    def _efa_security_group(self) -> ec2.SecurityGroup:
+    def _efa_security_group(self) -> ec2.ISecurityGroup:
         return efa_security_group(self, "EfaSecurityGroup", self.props.cluster.vpc)
 
     def _network_interfaces(self) -> list[dict[str, Any]]:

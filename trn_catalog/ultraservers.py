@@ -18,8 +18,9 @@ SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "neuron-trn2-arch": (
             "Neuron docs, 'Amazon EC2 Trn2 Architecture' and 'Trainium2 Architecture' "
-            "(about-neuron/arch/neuron-hardware/trn2-arch, trainium2): the u-trn2x64 UltraServer "
-            "is four trn2u.48xlarge instances, 64 Trainium2 chips, over NeuronLink-v3"
+            "(about-neuron/arch/neuron-hardware/trn2-arch, trainium2): the Trn2 UltraServer "
+            "('u-trn2x64' in earlier revisions, and the file name of their figure) is four "
+            "trn2u.48xlarge instances, 64 Trainium2 chips, over NeuronLink-v3"
         ),
         "ec2-capacity-blocks-api": (
             "botocore EC2 service model 2016-11-15 (DescribeCapacityBlockOfferings: "
@@ -46,7 +47,7 @@ ULTRASERVER_TYPE_LABEL = "trn-platform/ultraserver-type"
 # The Neuron docs' own labels for an UltraServer of N servers (aws-neuron-sdk
 # deploy/eks/ultraserver.rst: the worker affinity's topologyKey and the node listing of its
 # "Confirm your work"; N is 2 or 4): one server id shared by the N nodes and each node's
-# position 0..N-1. The guide's prerequisite is the Neuron device plugin 2.26.26.0 or later;
+# position 0..N-1. The guide's prerequisite is the Neuron device plugin 2.30.0.0 or later;
 # which component sets them is not stated, so preflight reads them where they are.
 NEURON_SERVER_ID_LABEL = "neuron.amazonaws.com/ultraserver-server-id-{servers}"
 NEURON_NODE_ID_LABEL = "neuron.amazonaws.com/ultraserver-node-id-{servers}"
@@ -94,7 +95,7 @@ ULTRASERVERS: Mapping[str, UltraServerSpec] = MappingProxyType(
             unverified=MappingProxyType(
                 {
                     "name": (
-                        "the Neuron docs call the Trn2 UltraServer 'u-trn2x64' in prose; no EC2 "
+                        "earlier Neuron docs called the Trn2 UltraServer 'u-trn2x64'; no EC2 "
                         "document or API model lists the values of UltraserverType, so this is "
                         "EC2's value only once an offering returns it"
                     )

@@ -458,7 +458,7 @@ def _placement(
         raise TrnctlError("--ultraserver and --across-ultraservers exclude each other")
     if one:
         placement.check(outputs, nodes, target)
-        return [placement.runtime_patch(name)]
+        return [placement.runtime_patch(name, outputs.namespace)]
     if across:
         spec, ids = placement.check_across(outputs)
         if nodes > 2 * spec.servers:
@@ -466,7 +466,7 @@ def _placement(
                 f"--across-ultraservers: {nodes} nodes are more than two {spec.name} "
                 f"UltraServers have ({2 * spec.servers})"
             )
-        return [placement.across_patch(name, ids)]
+        return [placement.across_patch(name, outputs.namespace, ids)]
     return []
 
 

@@ -28,6 +28,8 @@ PATCH_MANAGER = "trnctl.trn-platform/ultraserver"
 # JobSet labels each pod with its JobSet's name, which is the TrainJob's (JobSet v0.12.0,
 # api/jobset/v1alpha2 JobSetNameKey): the pods of one job, and those of other jobs.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# The label Kubernetes (1.22+) puts on every namespace: its own name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 def check(outputs: EnvironmentOutputs, nodes: int, target: str) -> ultraservers.UltraServerSpec:
@@ -78,9 +80,9 @@ def check_across(outputs: EnvironmentOutputs) -> tuple[ultraservers.UltraServerS
     return spec, ids[:2]
 
 
-def runtime_patch(job_name: str) -> dict[str, Any]:
-    """The TrainJob ``runtimePatches`` entry that keeps ``job_name``'s pods in one UltraServer
-    and other jobs' pods out of it."""
+def runtime_patch(job_name: str, namespace: str) -> dict[str, Any]:
+    """The TrainJob ``runtimePatches`` entry that keeps the pods of ``job_name`` (in
+    ``namespace``) in one UltraServer and other jobs' pods out of it."""
     same_server = {
         "labelSelector": {"matchLabels": {JOBSET_NAME_LABEL: job_name}},
         "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
@@ -90,12 +92,12 @@ def runtime_patch(job_name: str) -> dict[str, Any]:
         {
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_ultraservers},
             "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [same_server]},
-            "podAntiAffinity": _apart_from_other_jobs(job_name),
+            "podAntiAffinity": _apart_from_other_jobs(job_name, namespace),
         }
     )
 
 
-def across_patch(job_name: str, ids: list[str]) -> dict[str, Any]:
+def across_patch(job_name: str, namespace: str, ids: list[str]) -> dict[str, Any]:
     """The ``runtimePatches`` entry that keeps ``job_name``'s pods on the UltraServers ``ids``
     (one pod per node: a job of all their nodes fills both) and other jobs' pods off them."""
     on_these = _on_nodes(
@@ -104,7 +106,7 @@ def across_patch(job_name: str, ids: list[str]) -> dict[str, Any]:
     return _patch(
         {
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": on_these},
-            "podAntiAffinity": _apart_from_other_jobs(job_name),
+            "podAntiAffinity": _apart_from_other_jobs(job_name, namespace),
         }
     )
 
@@ -113,8 +115,12 @@ def _on_nodes(expression: dict[str, Any]) -> dict[str, Any]:
     return {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
 
 
-def _apart_from_other_jobs(job_name: str) -> dict[str, Any]:
-    other_jobs = {
+def _apart_from_other_jobs(job_name: str, namespace: str) -> dict[str, Any]:
+    """Pods of every other TrainJob off the job's UltraServer: those of its own namespace but
+    itself, and those of every other namespace whatever their name (JobSet names pods after
+    their TrainJob, which is unique only within a namespace). A namespace whose ResourceQuota
+    has the CrossNamespacePodAffinity scope refuses the second term."""
+    ours = {
         "labelSelector": {
             "matchExpressions": [
                 {"key": JOBSET_NAME_LABEL, "operator": "Exists"},
@@ -122,10 +128,17 @@ def _apart_from_other_jobs(job_name: str) -> dict[str, Any]:
             ]
         },
         "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
-        # Jobs of every namespace: without a selector the term sees the pod's namespace only.
-        "namespaceSelector": {},
     }
-    return {"requiredDuringSchedulingIgnoredDuringExecution": [other_jobs]}
+    elsewhere = {
+        "labelSelector": {"matchExpressions": [{"key": JOBSET_NAME_LABEL, "operator": "Exists"}]},
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": [namespace]}
+            ]
+        },
+        "topologyKey": ultraservers.ULTRASERVER_ID_LABEL,
+    }
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [ours, elsewhere]}
 
 
 def _patch(affinity: dict[str, Any]) -> dict[str, Any]:

@@ -429,7 +429,7 @@ def check_neuron_ultraserver_labels(
             name,
             Status.WARN,
             f"{server_label} is on none of the {len(members)} UltraServer nodes",
-            "the Neuron device plugin (2.26.26.0 or later, per the Neuron UltraServer guide) "
+            "the Neuron device plugin (2.30.0.0 or later, per the Neuron UltraServer guide) "
             "is expected to set it; jobs place by trn-platform/ultraserver-id meanwhile",
         )
     problems = [

@@ -545,8 +545,8 @@ def grace_patch(manager: str, seconds: int) -> dict[str, Any]:
 
 
 def test_job_engine_schema_keeps_the_patch_bounds_of_trainer_2_3_0() -> None:
-    """A patch's manager is 1 to 253 characters and a grace period at least 0 (the TrainJob
-    CRD of Trainer v2.3.0)."""
+    """A patch's manager is 1 to 253 characters, a grace period at least 0 and a patched
+    container names itself (the TrainJob CRD of Trainer v2.3.0)."""
     job: dict[str, Any] = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -554,7 +554,10 @@ def test_job_engine_schema_keeps_the_patch_bounds_of_trainer_2_3_0() -> None:
         "spec": {"runtimeRef": {"name": "neuron-torch"}, "runtimePatches": [grace_patch("m", 0)]},
     }
     jsonschema.validate(job, crds.schema("TrainJob"))
-    for bad in (grace_patch("", 0), grace_patch("m", -1)):
+    nameless = grace_patch("m", 0)
+    pod = nameless["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
+    pod["spec"]["template"]["spec"]["containers"] = [{"image": "x"}]
+    for bad in (grace_patch("", 0), grace_patch("m", -1), nameless):
         job["spec"]["runtimePatches"] = [bad]
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(job, crds.schema("TrainJob"))

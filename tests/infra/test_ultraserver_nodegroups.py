@@ -75,6 +75,14 @@ def test_the_groups_share_one_node_role_and_one_efa_security_group_of_the_cluste
     for block in BLOCKS:
         for interface in launch_data(ultra, block)["NetworkInterfaces"]:
             assert {"Fn::GetAtt": [shared, "GroupId"]} in interface["Groups"]
+            # Instead of a group of each block's own: the shared EFA group, the cluster's and
+            # the Lustre clients', within EC2's default of 5 groups per interface.
+            assert len(interface["Groups"]) == 3
+    # No EFA group of a block's own is made at all.
+    efa_groups = [
+        key for key in ultra.resources("cluster", "AWS::EC2::SecurityGroup") if "Efa" in key
+    ]
+    assert efa_groups == [shared]
 
 
 def block_resources(synth: Synth, reservation_id: str) -> dict[str, Any]:

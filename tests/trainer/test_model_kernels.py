@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer import data, model
+from trainer import data, model, parallel
 from trainer.config import ModelConfig
 
 
@@ -107,9 +107,12 @@ def test_cross_entropy_matches_torch_and_its_gradient_with_ignored_targets() -> 
 def test_cross_entropy_with_no_target_is_nan_as_torch_gives_it() -> None:
     targets = torch.full((model._CE_ROWS * 2 + 7,), data.IGNORE_INDEX)
 
-    ours, plain, _, _ = _ours_and_plain_cross_entropy(targets)
+    ours, plain, ours_grad, plain_grad = _ours_and_plain_cross_entropy(targets)
 
     assert ours.isnan() and plain.isnan()
+    # No target, no gradient: zeros as torch gives them, not NaN.
+    torch.testing.assert_close(ours_grad, plain_grad, rtol=0, atol=0)
+    assert not ours_grad.isnan().any()
 
 
 def test_cross_entropy_backward_twice_is_an_error() -> None:
@@ -137,3 +140,43 @@ def test_the_model_uses_swiglu_and_cross_entropy_kernels_in_eager_cpu_fp32() -> 
     assert "_CrossEntropyFunction" in type(gpt(idx, idx).grad_fn).__name__
     assert "_SwiGLUFunction" in seen[0]
     assert "_CrossEntropyFunction" not in type(gpt.double()(idx, idx).grad_fn).__name__
+
+
+@pytest.mark.parametrize(("tied", "checkpointed"), [(True, False), (False, False), (False, True)])
+def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, tied: bool, checkpointed: bool
+) -> None:
+    """The whole model, kernels on and off, same weights and tokens (a third of the targets
+    ignored): the logits' gradient written over the logits in place must not reach any other
+    gradient."""
+    cfg = ModelConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        seq_len=16,
+        vocab_size=64,
+        llama_style=True,
+        tie_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    gpt = model.GPT(cfg)
+    if checkpointed:
+        parallel.checkpoint_blocks(gpt)
+    idx = torch.randint(0, 64, (3, 16))
+    targets = torch.randint(0, 64, (3, 16))
+    targets[:, ::3] = data.IGNORE_INDEX
+
+    def loss_and_grads() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        gpt.zero_grad(set_to_none=True)
+        loss = gpt(idx, targets)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in gpt.named_parameters()}
+
+    kernel_loss, kernel_grads = loss_and_grads()
+    monkeypatch.setattr(model, "_eager_on", lambda x, devices: False)
+    plain_loss, plain_grads = loss_and_grads()
+
+    torch.testing.assert_close(kernel_loss, plain_loss, rtol=1e-6, atol=0)
+    assert kernel_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(kernel_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)

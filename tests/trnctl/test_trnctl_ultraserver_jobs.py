@@ -49,14 +49,29 @@ def test_the_job_requires_its_pods_together_on_one_ultraserver_and_others_away()
         "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "run-1"}},
         "topologyKey": "trn-platform/ultraserver-id",
     }
-    (apart,) = found["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert apart["topologyKey"] == "trn-platform/ultraserver-id"
-    # Jobs of other namespaces too (an empty selector matches every namespace).
-    assert apart["namespaceSelector"] == {}
-    assert apart["labelSelector"]["matchExpressions"] == [
-        {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"},
-        {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "NotIn", "values": ["run-1"]},
-    ]
+    ours, elsewhere = found["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    # Other jobs of the job's namespace (no namespaceSelector: the pod's own namespace)...
+    assert ours == {
+        "labelSelector": {
+            "matchExpressions": [
+                {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"},
+                {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "NotIn", "values": ["run-1"]},
+            ]
+        },
+        "topologyKey": "trn-platform/ultraserver-id",
+    }
+    # ...and every job of every other namespace, a job named run-1 there included.
+    assert elsewhere == {
+        "labelSelector": {
+            "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+        },
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["training"]}
+            ]
+        },
+        "topologyKey": "trn-platform/ultraserver-id",
+    }
     terms = found["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "trn-platform/ultraserver-id", "operator": "Exists"}

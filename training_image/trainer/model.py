@@ -215,6 +215,7 @@ class _SwiGLUFunction(torch.autograd.Function):
         return F.silu(gate).mul_(up)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (h,) = ctx.saved_tensors
         gate, up = h.chunk(2, dim=-1)
@@ -236,7 +237,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
-        if self.swiglu and _eager_on(h, ("cpu",)):
+        if self.swiglu and h.dtype == torch.float32 and _eager_on(h, ("cpu",)):
             h = _SwiGLUFunction.apply(h)  # type: ignore[no-untyped-call]
         elif self.swiglu:
             gate, up = h.chunk(2, dim=-1)
