@@ -117,8 +117,9 @@ class NeuronCluster(Construct):
 
     Attributes:
         cluster, secrets_key, system_nodegroup, addons (name -> eks.Addon), charts (release ->
-        eks.HelmChart), ultraserver_efa_security_group and ultraserver_node_role (None until
-        :meth:`add_ultraserver_nodegroups` first runs).
+        eks.HelmChart), ultraserver_efa_security_group (None until
+        :meth:`add_ultraserver_nodegroups` first runs) and ultraserver_node_role (None until it
+        first runs without ``node_role``).
 
     Raises:
         ValueError: a malformed or open public CIDR, a malformed admin role ARN, system_nodes
@@ -252,7 +253,7 @@ class NeuronCluster(Construct):
             ValueError: an UltraServer type no source confirms (trn_catalog.ultraservers), no
                 reservation ids, a malformed or repeated one, or ``props`` that set what the
                 block decides (instance_type, desired_size, min_size, max_size, capacity,
-                capacity_reservation_id).
+                capacity_reservation_id, efa_security_group).
         """
         spec = _ultraserver_spec(ultraserver_type, reservation_ids, props)
         efa_group = self._ultraserver_efa_group()
@@ -458,6 +459,7 @@ _BLOCK_PROPS = (
     "max_size",
     "capacity",
     "capacity_reservation_id",
+    "efa_security_group",
 )
 
 
@@ -483,7 +485,7 @@ def _ultraserver_spec(
     if decided:
         raise ValueError(
             f"{', '.join(decided)}: not allowed; each UltraServer block's node group takes the "
-            f"type's instance type and servers ({spec.instance_type}, {spec.servers}) and "
-            "launches into its block"
+            f"type's instance type and servers ({spec.instance_type}, {spec.servers}), "
+            "launches into its block and uses the cluster's shared EFA security group"
         )
     return spec

@@ -129,8 +129,9 @@ class TrainiumNodeGroupProps:
             group. Default none (the EFA group and the cluster security group are always on).
         efa_security_group: the group that lets EFA traffic flow between its members, for
             node groups whose nodes talk EFA to each other (every interface carries it; EC2
-            allows 5 groups per interface by default). Default: a new group of this node
-            group's own (:func:`efa_security_group`).
+            allows 5 groups per interface by default). It must admit all traffic from and to
+            itself, as :func:`efa_security_group` makes one; no rule is added to it. Default: a
+            new group of this node group's own.
         name_prefix: the node group is named ``<name_prefix>-<8 hex digits>``, the digits a
             digest of what replaces it (its create-only properties and, with ``capacity-block``,
             its launch template), so a replacement gets a new name instead of failing on a

@@ -28,7 +28,7 @@ PATCH_MANAGER = "trnctl.trn-platform/ultraserver"
 # JobSet labels each pod with its JobSet's name, which is the TrainJob's (JobSet v0.12.0,
 # api/jobset/v1alpha2 JobSetNameKey): the pods of one job, and those of other jobs.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-# The label Kubernetes (1.22+) puts on every namespace: its own name.
+# The label Kubernetes puts on every namespace, its own name (by default since 1.21, GA 1.22).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 

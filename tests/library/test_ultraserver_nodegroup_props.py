@@ -42,6 +42,12 @@ def add(ultraserver_type: str, ids: list[str], **props: Any) -> Any:
             r"capacity, desired_size: not allowed; each UltraServer block's node group takes "
             r"the type's instance type and servers \(trn2u\.48xlarge, 4\)",
         ),
+        (
+            "u-trn2x64",
+            [A],
+            {"efa_security_group": object()},
+            r"efa_security_group: not allowed; .* uses the cluster's shared EFA security group",
+        ),
     ],
 )
 def test_refusals_name_the_argument_and_value(
