@@ -38,17 +38,16 @@ TRN3_UNCONFIRMED = (
 )
 
 # Node labels. Each node group of an UltraServer Capacity Block carries the block's reservation
-# id as the UltraServer's id: one block is one UltraServer, so the id is known at synth. The
-# Neuron docs' own labels (neuron.amazonaws.com/ultraserver-server-id-4, -node-id-4, ...) carry a
-# per-node position that a managed node group's labels cannot set, and nothing the platform runs
-# sets them, so jobs place by these instead.
+# id as the UltraServer's id: one block is one UltraServer, so the id is known at synth, and
+# jobs place by it.
 ULTRASERVER_ID_LABEL = "trn-platform/ultraserver-id"
 ULTRASERVER_TYPE_LABEL = "trn-platform/ultraserver-type"
 # The Neuron docs' own labels for an UltraServer of N servers (aws-neuron-sdk
 # deploy/eks/ultraserver.rst: the worker affinity's topologyKey and the node listing of its
 # "Confirm your work"; N is 2 or 4): one server id shared by the N nodes and each node's
-# position 0..N-1. The guide's prerequisite is the Neuron device plugin 2.30.0.0 or later;
-# which component sets them is not stated, so preflight reads them where they are.
+# position 0..N-1, which a managed node group's labels cannot set per node. The guide's
+# prerequisite is the Neuron device plugin 2.30.0.0 or later; which component sets them is not
+# stated, so preflight reads them where they are and checks them against the blocks.
 NEURON_SERVER_ID_LABEL = "neuron.amazonaws.com/ultraserver-server-id-{servers}"
 NEURON_NODE_ID_LABEL = "neuron.amazonaws.com/ultraserver-node-id-{servers}"
 

@@ -416,10 +416,9 @@ def check_neuron_ultraserver_labels(
     them; jobs still place by ``trn-platform/ultraserver-id``); a block over several Neuron
     server ids, or two nodes of one position, fails."""
     name = "Neuron UltraServer labels"
-    try:
-        servers = ultraservers.get(outputs.ultraserver_type).servers
-    except ultraservers.UnconfirmedUltraServerError as error:
-        return Check(name, Status.FAIL, str(error), "redeploy with a confirmed type")
+    servers = _servers_or_failure(outputs, name)
+    if isinstance(servers, Check):
+        return servers
     server_label = ultraservers.NEURON_SERVER_ID_LABEL.format(servers=servers)
     node_label = ultraservers.NEURON_NODE_ID_LABEL.format(servers=servers)
     blocks = ultraservers_of(nodes)
@@ -450,6 +449,15 @@ def check_neuron_ultraserver_labels(
     )
 
 
+def _servers_or_failure(outputs: EnvironmentOutputs, name: str) -> int | Check:
+    """The servers of the environment's UltraServer type, or the failed check ``name`` that
+    says why the type is not one the catalog confirms."""
+    try:
+        return ultraservers.get(outputs.ultraserver_type).servers
+    except ultraservers.UnconfirmedUltraServerError as error:
+        return Check(name, Status.FAIL, str(error), "redeploy with a confirmed type")
+
+
 def _block_problems(
     uid: str,
     names: list[str],
@@ -474,10 +482,9 @@ def check_ultraservers(outputs: EnvironmentOutputs, nodes: dict[str, dict[str, s
     node of an UltraServer the environment does not list fails."""
     found = ultraservers_of(nodes)
     listed = outputs.ultraserver_id_list
-    try:
-        servers = ultraservers.get(outputs.ultraserver_type).servers
-    except ultraservers.UnconfirmedUltraServerError as error:
-        return Check("UltraServers", Status.FAIL, str(error), "redeploy with a confirmed type")
+    servers = _servers_or_failure(outputs, "UltraServers")
+    if isinstance(servers, Check):
+        return servers
     detail = "; ".join(
         f"{uid}: {len(found.get(uid, []))}/{servers} nodes"
         for uid in [*listed, *sorted(set(found) - set(listed))]
