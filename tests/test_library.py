@@ -51,15 +51,18 @@ def _pip(*args: str) -> None:
     )
 
 
-def _tree_state() -> str:
-    """Every changed, untracked and ignored path of the checkout."""
-    return subprocess.run(
+def _tree_state() -> list[str]:
+    """Every changed, untracked and ignored path of the checkout but bytecode caches: where
+    the environment lets Python write them (pytest run outside `make test`), the other worker
+    writes them as it imports, whatever the build does."""
+    listed = subprocess.run(
         ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
-    ).stdout
+    ).stdout.splitlines()
+    return [line for line in listed if not line.endswith(".pyc")]
 
 
 # The wheels are built and installed once per worker that runs a test of this module: all of it

@@ -374,39 +374,42 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             master_port = probe.getsockname()[1]
-        nodes = [
+        # The four ranks as torchrun starts them (its agents, two more torch processes, add
+        # nothing this test looks at): node 0 holds ranks 0 and 1, node 1 ranks 2 and 3.
+        procs = [
             subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    "--nnodes=2",
-                    f"--node-rank={node}",
-                    "--nproc-per-node=2",
-                    "--master-addr=127.0.0.1",
-                    f"--master-port={master_port}",
                     str(tmp_path / "resume.py"),
                     str(tmp_path),
                     endpoint,
-                    str(tmp_path / f"node-{node}-disk"),
+                    str(tmp_path / f"node-{rank // 2}-disk"),
                     json.dumps(RUN),
                 ],
-                env=trainer_env,
+                env={
+                    **trainer_env,
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(master_port),
+                    "WORLD_SIZE": "4",
+                    "RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": "2",
+                    "LOCAL_RANK": str(rank % 2),
+                    "GROUP_RANK": str(rank // 2),
+                },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
                 cwd=tmp_path,
             )
-            for node in (0, 1)
+            for rank in range(4)
         ]
-        logs = [node.communicate(timeout=180)[0] for node in nodes]
+        logs = [proc.communicate(timeout=180)[0] for proc in procs]
     finally:
         server.stop()
 
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    assert [proc.returncode for proc in procs] == [0, 0, 0, 0], "\n".join(logs)
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert [r["step"] for r in ranks] == [7, 7, 7, 7]
-    # torchrun numbers node 0's ranks 0 and 1, node 1's ranks 2 and 3.
     gets = [r["state_gets"] for r in ranks]
     assert [gets[0] + gets[1], gets[2] + gets[3]] == [1, 1], gets
     expected = sum(float(p.detach().double().sum()) for p in model.parameters())
