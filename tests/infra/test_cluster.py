@@ -9,13 +9,14 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
 from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingWorkspace
 from tests.conftest import Synth
-from trn_catalog import crds, versions
+from trn_catalog import crds, ultraservers, versions
 from trn_catalog import workspace as shared
 from trn_catalog.outputs import EnvironmentOutputs
 
@@ -662,14 +663,37 @@ def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> N
         neuron_cluster(**overrides)
 
 
+THEIR_NODE_ROLE = "arn:aws:iam::123456789012:role/their-trn-nodes"
+
+
 @pytest.fixture(scope="module")
 def custom_cluster() -> dict[str, Any]:
-    """The template of a NeuronCluster built with the props the platform leaves at default."""
+    """The template of a NeuronCluster built with the props the platform leaves at default,
+    and an UltraServer block whose nodes take a role of the caller's."""
     built = neuron_cluster(
         public_endpoint_cidrs=["203.0.113.0/24"], neuron_scheduler_tag="v1.35.2-eks-1-35-7"
     )
+    theirs = iam.Role.from_role_arn(built, "TheirNodes", THEIR_NODE_ROLE)
+    built.add_ultraserver_nodegroups(
+        "u-trn2x64",
+        ["cr-0123456789abcdef2"],
+        subnet=built.cluster.vpc.private_subnets[0],
+        node_role=theirs,
+    )
     template: dict[str, Any] = cdk.assertions.Template.from_stack(cdk.Stack.of(built)).to_json()
     return template
+
+
+def test_ultraserver_groups_given_a_node_role_make_none(custom_cluster: dict[str, Any]) -> None:
+    resources = custom_cluster["Resources"]
+    (group,) = [
+        r["Properties"]
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::Nodegroup"
+        and ultraservers.ULTRASERVER_ID_LABEL in r["Properties"].get("Labels", {})
+    ]
+    assert group["NodeRole"] == THEIR_NODE_ROLE
+    assert not [name for name in resources if "UltraServerNodeRole" in name]
 
 
 def test_neuron_scheduler_at_the_control_plane_version_when_asked(
