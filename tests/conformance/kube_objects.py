@@ -11,6 +11,7 @@ Kubernetes' schema again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,25 @@ def helm_values(
                 yield props["Chart"], props["Version"], values
 
 
+# What Trainer's TrainJob webhook checks beyond the CRD (pkg/runtime/framework/plugins/jobset/
+# jobset.go at the pinned tag): each runtime patch's manager is a domain-prefixed path, by
+# k8s.io/apimachinery's IsDomainPrefixedPath (v0.36.2 in Trainer 2.3.0's go.mod): before the
+# first "/" a DNS-1123 subdomain of at most 253 characters, after it a non-empty HTTP path.
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
+
+
+def domain_prefixed_path(value: str) -> bool:
+    """Whether apimachinery's IsDomainPrefixedPath accepts ``value`` (e.g. ``acme.io/foo``)."""
+    host, slash, path = value.partition("/")
+    return (
+        bool(slash)
+        and len(host) <= 253
+        and _DNS1123_SUBDOMAIN.fullmatch(host) is not None
+        and _HTTP_PATH.fullmatch(path) is not None
+    )
+
+
 def problems(obj: Mapping[str, Any]) -> list[str]:
     """Why ``obj`` would be refused by a cluster of the pinned versions (empty: conforms)."""
     group = str(obj.get("apiVersion", "")).partition("/")[0]
@@ -105,6 +125,12 @@ def _trainer_problems(obj: Mapping[str, Any]) -> list[str]:
     ]
     if found:
         return found
+    for index, patch in enumerate(obj["spec"].get("runtimePatches") or []):
+        if not domain_prefixed_path(patch["manager"]):
+            found.append(
+                f"spec.runtimePatches.{index}.manager: {patch['manager']!r} is not a "
+                'domain-prefixed path (such as "acme.io/foo"); the TrainJob webhook refuses it'
+            )
     # Kubernetes itself validates the metadata and the pods: check those parts on its schema.
     meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]}
     found += _kubernetes_problems(meta, "metadata: ")

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kube_objects import Applied, manifests, problems
+from kube_objects import Applied, domain_prefixed_path, manifests, problems
 
 from tests.conftest import VARIANTS, Synth, sample_outputs
 from trn_catalog import crds, ultraservers, versions
@@ -246,6 +246,41 @@ def test_an_invented_or_removed_field_fails(
 
     found = problems(obj)
     assert any(re.search(message, line) for line in found), found
+
+
+@pytest.mark.parametrize(
+    ("manager", "accepted"),
+    [
+        ("trnctl.trn-platform/ultraserver", True),
+        ("acme.io/foo/BAR", True),
+        ("10.0.0.1/foo", True),
+        ("a" * 240 + ".example.com/x", True),
+        ("a" * 250 + ".example.com/x", False),
+        ("trnctl", False),
+        ("trnctl.trn-platform/", False),
+        ("/ultraserver", False),
+        ("Trnctl.trn-platform/ultraserver", False),
+        ("trn_ctl.trn-platform/ultraserver", False),
+        ("trnctl.trn-platform/ultra server", False),
+        ("trnctl.trn-platform/ultraserver?x=1", False),
+    ],
+)
+def test_the_webhook_rule_on_a_runtime_patch_manager(manager: str, accepted: bool) -> None:
+    """Trainer's TrainJob webhook rule, apimachinery's IsDomainPrefixedPath at v0.36.2: a
+    lowercase DNS-1123 subdomain of at most 253 characters, "/", a non-empty HTTP path."""
+    assert domain_prefixed_path(manager) is accepted
+
+
+def test_a_manager_the_webhook_refuses_fails(synth_variant: Callable[[str], Synth]) -> None:
+    job = the(synth_variant("ultraserver"), "TrainJob")
+    assert job["spec"]["runtimePatches"] and problems(job) == []
+
+    job["spec"]["runtimePatches"][0]["manager"] = "trnctl"
+
+    assert problems(job) == [
+        "spec.runtimePatches.0.manager: 'trnctl' is not a domain-prefixed path (such as "
+        '"acme.io/foo"); the TrainJob webhook refuses it'
+    ]
 
 
 def test_a_kind_the_release_does_not_have_fails() -> None:
