@@ -94,6 +94,46 @@ def domain_prefixed_path(value: str) -> bool:
     )
 
 
+# The containers whose env a runtime patch may not set (the webhook's constants at the tag).
+_NO_PATCHED_ENV = ("dataset-initializer", "model-initializer", "node")
+
+
+def _dig(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
+    for key in keys:
+        obj = obj.get(key) or {}
+    return obj
+
+
+def patch_problems(job: Mapping[str, Any], runtime: Mapping[str, Any]) -> list[str]:
+    """What Trainer's TrainJob webhook refuses of ``job``'s runtime patches, given the runtime
+    it names (jobset.go at the pinned tag): a replicated job the runtime lacks, a container or
+    init container that job lacks, env on the node or initializer containers."""
+    names = {}
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = _dig(rjob, "template", "spec", "template", "spec")
+        containers = [*pod.get("initContainers", []), *pod.get("containers", [])]
+        names[rjob["name"]] = {c["name"] for c in containers}
+    found = []
+    for index, patch in enumerate(job["spec"].get("runtimePatches") or []):
+        where = f"spec.runtimePatches.{index}"
+        for rjob in _dig(patch, "trainingRuntimeSpec", "template", "spec").get(
+            "replicatedJobs", []
+        ):
+            if rjob["name"] not in names:
+                found.append(f"{where}: replicated job {rjob['name']!r} is not in the runtime")
+                continue
+            pod = _dig(rjob, "template", "spec", "template", "spec")
+            for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                if container["name"] not in names[rjob["name"]]:
+                    found.append(
+                        f"{where}: container {container['name']!r} is not in the runtime's "
+                        f"{rjob['name']!r} job"
+                    )
+                elif container.get("env") and container["name"] in _NO_PATCHED_ENV:
+                    found.append(f"{where}: env on the {container['name']!r} container")
+    return found
+
+
 def problems(obj: Mapping[str, Any]) -> list[str]:
     """Why ``obj`` would be refused by a cluster of the pinned versions (empty: conforms)."""
     group = str(obj.get("apiVersion", "")).partition("/")[0]

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kube_objects import Applied, domain_prefixed_path, manifests, problems
+from kube_objects import Applied, domain_prefixed_path, manifests, patch_problems, problems
 
 from tests.conftest import VARIANTS, Synth, sample_outputs
 from trn_catalog import crds, ultraservers, versions
@@ -281,6 +281,61 @@ def test_a_manager_the_webhook_refuses_fails(synth_variant: Callable[[str], Synt
         "spec.runtimePatches.0.manager: 'trnctl' is not a domain-prefixed path (such as "
         '"acme.io/foo"); the TrainJob webhook refuses it'
     ]
+
+
+def patched_jobs(synth: Synth) -> list[tuple[Applied, dict[str, Any]]]:
+    """Each TrainJob with runtime patches, with the TrainingRuntime the app applies that it
+    names."""
+    runtimes = {
+        a.obj["metadata"]["name"]: dict(a.obj)
+        for a in manifests(synth.templates)
+        if a.obj["kind"] == "TrainingRuntime"
+    }
+    return [
+        (a, runtimes[a.obj["spec"]["runtimeRef"]["name"]])
+        for a in trnctl_objects(synth)
+        if a.obj["kind"] == "TrainJob" and a.obj["spec"].get("runtimePatches")
+    ]
+
+
+def test_runtime_patches_name_what_their_runtime_has(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    found = patched_jobs(synth_variant("ultraserver"))
+    assert [a.origin for a, _ in found] == [
+        "trnctl job submit --ultraserver",
+        "trnctl job submit --ultraserver -- COMMAND",
+    ]
+    assert [(a.origin, patch_problems(a.obj, runtime)) for a, runtime in found] == [
+        (a.origin, []) for a, _ in found
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("name", "trainer", "replicated job 'trainer' is not in the runtime"),
+        (
+            "template.spec.template.spec.containers",
+            [{"name": "sidecar"}],
+            "container 'sidecar' is not in the runtime's 'node' job",
+        ),
+        (
+            "template.spec.template.spec.containers",
+            [{"name": "node", "env": [{"name": "X", "value": "1"}]}],
+            "env on the 'node' container",
+        ),
+    ],
+)
+def test_a_patch_the_webhook_refuses_fails(
+    synth_variant: Callable[[str], Synth], path: str, value: Any, message: str
+) -> None:
+    ((applied, runtime), *_) = patched_jobs(synth_variant("ultraserver"))
+    job = copy.deepcopy(dict(applied.obj))
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    _set(patch["replicatedJobs"][0], path, value)
+
+    assert patch_problems(job, runtime) == [f"spec.runtimePatches.0: {message}"]
 
 
 def test_a_kind_the_release_does_not_have_fails() -> None:
