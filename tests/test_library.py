@@ -44,17 +44,20 @@ OPS_TOP_LEVEL = {"trnctl", "trainer"}
 
 
 def _pip(*args: str) -> None:
+    # No bytecode from pip or the build backends: :func:`_tree_state` does not see caches.
     subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
         check=True,
         capture_output=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
 
 
 def _tree_state() -> list[str]:
     """Every changed, untracked and ignored path of the checkout but bytecode caches: where
     the environment lets Python write them (pytest run outside `make test`), the other worker
-    writes them as it imports, whatever the build does."""
+    writes them as it imports, and the determinism test in tests/security/test_gate.py puts
+    stray ones beside the sources for a moment."""
     listed = subprocess.run(
         ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
         cwd=ROOT,
@@ -62,7 +65,7 @@ def _tree_state() -> list[str]:
         capture_output=True,
         text=True,
     ).stdout.splitlines()
-    return [line for line in listed if not line.endswith(".pyc")]
+    return [line for line in listed if "__pycache__/" not in line and not line.endswith(".pyc")]
 
 
 # The wheels are built and installed once per worker that runs a test of this module: all of it
@@ -216,6 +219,7 @@ def test_the_ops_wheel_builds_from_its_sdist_alone(wheels: dict[str, Path], tmp_
         cwd=ROOT / "ops",
         check=True,
         capture_output=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert _tree_state() == before, "building the sdist wrote into the checkout"
     (sdist,) = (tmp_path / "sdist").glob("trn_platform_ops-*.tar.gz")

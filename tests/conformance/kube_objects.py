@@ -96,6 +96,7 @@ def domain_prefixed_path(value: str) -> bool:
 
 # The containers whose env a runtime patch may not set (the webhook's constants at the tag).
 _NO_PATCHED_ENV = ("dataset-initializer", "model-initializer", "node")
+_CONTAINER_LISTS = ("initContainers", "containers")
 
 
 def _dig(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
@@ -105,32 +106,49 @@ def _dig(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any]:
 
 
 def patch_problems(job: Mapping[str, Any], runtime: Mapping[str, Any]) -> list[str]:
-    """What Trainer's TrainJob webhook refuses of ``job``'s runtime patches, given the runtime
-    it names (jobset.go at the pinned tag): a replicated job the runtime lacks, a container or
-    init container that job lacks, env on the node or initializer containers."""
+    """What ``job``'s runtime patches may not do to ``runtime``, the runtime it names.
+
+    - Name a replicated job, or a container or init container of one, that the runtime does
+      not have: patches merge by name, so such a patch adds an entry (a container without an
+      image) rather than changing one. Ours: Trainer v2.3.0's webhook has these checks
+      (jobset.go) but runs them after merging the patches, so they never fire
+      (kubeflow/trainer#3948, open); its one set per job also lets a container name pass as
+      an init container's.
+    - Set ``env`` on the node or initializer containers: the webhook refuses it (containers
+      only, not init containers)."""
     names = {}
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
         pod = _dig(rjob, "template", "spec", "template", "spec")
-        containers = [*pod.get("initContainers", []), *pod.get("containers", [])]
-        names[rjob["name"]] = {c["name"] for c in containers}
+        names[rjob["name"]] = {
+            key: {c["name"] for c in pod.get(key, [])} for key in _CONTAINER_LISTS
+        }
     found = []
     for index, patch in enumerate(job["spec"].get("runtimePatches") or []):
         where = f"spec.runtimePatches.{index}"
         for rjob in _dig(patch, "trainingRuntimeSpec", "template", "spec").get(
             "replicatedJobs", []
         ):
-            if rjob["name"] not in names:
+            if rjob["name"] in names:
+                found += _container_problems(where, rjob, names[rjob["name"]])
+            else:
                 found.append(f"{where}: replicated job {rjob['name']!r} is not in the runtime")
-                continue
-            pod = _dig(rjob, "template", "spec", "template", "spec")
-            for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
-                if container["name"] not in names[rjob["name"]]:
-                    found.append(
-                        f"{where}: container {container['name']!r} is not in the runtime's "
-                        f"{rjob['name']!r} job"
-                    )
-                elif container.get("env") and container["name"] in _NO_PATCHED_ENV:
-                    found.append(f"{where}: env on the {container['name']!r} container")
+    return found
+
+
+def _container_problems(
+    where: str, rjob: Mapping[str, Any], names: Mapping[str, set[str]]
+) -> list[str]:
+    found = []
+    pod = _dig(rjob, "template", "spec", "template", "spec")
+    for key in _CONTAINER_LISTS:
+        for container in pod.get(key, []):
+            name = container["name"]
+            if name not in names[key]:
+                found.append(
+                    f"{where}: {key} {name!r} is not in the runtime's {rjob['name']!r} job"
+                )
+            elif key == "containers" and container.get("env") and name in _NO_PATCHED_ENV:
+                found.append(f"{where}: env on the {name!r} container")
     return found
 
 

@@ -254,8 +254,8 @@ def test_an_invented_or_removed_field_fails(
         ("trnctl.trn-platform/ultraserver", True),
         ("acme.io/foo/BAR", True),
         ("10.0.0.1/foo", True),
-        ("a" * 240 + ".example.com/x", True),
-        ("a" * 250 + ".example.com/x", False),
+        ("a" * 241 + ".example.com/x", True),
+        ("a" * 242 + ".example.com/x", False),
         ("trnctl", False),
         ("trnctl.trn-platform/", False),
         ("/ultraserver", False),
@@ -318,7 +318,13 @@ def test_runtime_patches_name_what_their_runtime_has(
         (
             "template.spec.template.spec.containers",
             [{"name": "sidecar"}],
-            "container 'sidecar' is not in the runtime's 'node' job",
+            "containers 'sidecar' is not in the runtime's 'node' job",
+        ),
+        # A container of the runtime's job is not one of its init containers.
+        (
+            "template.spec.template.spec.initContainers",
+            [{"name": "node"}],
+            "initContainers 'node' is not in the runtime's 'node' job",
         ),
         (
             "template.spec.template.spec.containers",
@@ -327,7 +333,7 @@ def test_runtime_patches_name_what_their_runtime_has(
         ),
     ],
 )
-def test_a_patch_the_webhook_refuses_fails(
+def test_a_patch_off_its_runtime_fails(
     synth_variant: Callable[[str], Synth], path: str, value: Any, message: str
 ) -> None:
     ((applied, runtime), *_) = patched_jobs(synth_variant("ultraserver"))

@@ -676,7 +676,7 @@ def custom_cluster() -> dict[str, Any]:
     theirs = iam.Role.from_role_arn(built, "TheirNodes", THEIR_NODE_ROLE)
     built.add_ultraserver_nodegroups(
         "u-trn2x64",
-        ["cr-0123456789abcdef2"],
+        ["cr-0123456789abcdef2", "cr-0123456789abcdef3"],
         subnet=built.cluster.vpc.private_subnets[0],
         node_role=theirs,
     )
@@ -685,15 +685,22 @@ def custom_cluster() -> dict[str, Any]:
 
 
 def test_ultraserver_groups_given_a_node_role_make_none(custom_cluster: dict[str, Any]) -> None:
+    """Both blocks' groups take the caller's role; no role of the stack's is a node role."""
     resources = custom_cluster["Resources"]
-    (group,) = [
+    groups = [
         r["Properties"]
         for r in resources.values()
         if r["Type"] == "AWS::EKS::Nodegroup"
         and ultraservers.ULTRASERVER_ID_LABEL in r["Properties"].get("Labels", {})
     ]
-    assert group["NodeRole"] == THEIR_NODE_ROLE
-    assert not [name for name in resources if "UltraServerNodeRole" in name]
+    assert [g["NodeRole"] for g in groups] == [THEIR_NODE_ROLE] * 2
+    node_roles = [
+        name
+        for name, r in resources.items()
+        if r["Type"] == "AWS::IAM::Role"
+        and "ec2.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+    ]
+    assert node_roles == [n for n in node_roles if "SystemNodeRole" in n]
 
 
 def test_neuron_scheduler_at_the_control_plane_version_when_asked(

@@ -3,6 +3,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
@@ -343,6 +344,19 @@ parallel.shutdown()
 """
 
 
+def _outputs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[str]:
+    """What each process printed. One still running after ``timeout`` seconds is killed with
+    the rest: a rank that died leaves the others waiting at the rendezvous."""
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+    return [proc.communicate()[0] for proc in procs]
+
+
 @pytest.mark.slow
 def test_resuming_from_s3_downloads_the_state_once_per_node(
     tmp_path: Path, trainer_env: dict[str, str]
@@ -358,6 +372,7 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
         port = probe.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    procs: list[subprocess.Popen[str]] = []
     try:
         endpoint = f"http://127.0.0.1:{port}"
         s3 = boto3.client(
@@ -394,7 +409,6 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
                     "RANK": str(rank),
                     "LOCAL_WORLD_SIZE": "2",
                     "LOCAL_RANK": str(rank % 2),
-                    "GROUP_RANK": str(rank // 2),
                 },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -403,8 +417,10 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
             )
             for rank in range(4)
         ]
-        logs = [proc.communicate(timeout=180)[0] for proc in procs]
+        logs = _outputs(procs, timeout=180)
     finally:
+        for proc in procs:
+            proc.kill()
         server.stop()
 
     assert [proc.returncode for proc in procs] == [0, 0, 0, 0], "\n".join(logs)
