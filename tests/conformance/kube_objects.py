@@ -109,11 +109,11 @@ def patch_problems(job: Mapping[str, Any], runtime: Mapping[str, Any]) -> list[s
     """What ``job``'s runtime patches may not do to ``runtime``, the runtime it names.
 
     - Name a replicated job, or a container or init container of one, that the runtime does
-      not have: patches merge by name, so such a patch adds an entry (a container without an
-      image) rather than changing one. Ours: Trainer v2.3.0's webhook has these checks
-      (jobset.go) but runs them after merging the patches, so they never fire
-      (kubeflow/trainer#3948, open); its one set per job also lets a container name pass as
-      an init container's.
+      not have: patches merge by name, so such a patch adds an entry the runtime never
+      declared (a container without an image) rather than changing one. Ours: Trainer
+      v2.3.0's webhook has these checks (jobset.go) but runs them after merging the patches,
+      so they never fire (kubeflow/trainer#3948, open); its one set of names per job would
+      also let a container's name pass for an init container's, and the reverse.
     - Set ``env`` on the node or initializer containers: the webhook refuses it (containers
       only, not init containers)."""
     names = {}

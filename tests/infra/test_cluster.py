@@ -700,7 +700,8 @@ def test_ultraserver_groups_given_a_node_role_make_none(custom_cluster: dict[str
         if r["Type"] == "AWS::IAM::Role"
         and "ec2.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
     ]
-    assert node_roles == [n for n in node_roles if "SystemNodeRole" in n]
+    (system,) = node_roles
+    assert "SystemNodeRole" in system
 
 
 def test_neuron_scheduler_at_the_control_plane_version_when_asked(

@@ -278,10 +278,14 @@ def test_synth_is_deterministic(tmp_path: Path) -> None:
     PYTHONDONTWRITEBYTECODE is unset): the same templates, so neither the image's tag nor the
     reaper's code key moves and a deploy from such a checkout rebuilds nothing."""
     now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    # Two output directories: CDK keeps an asset's hash per directory and would not look again.
     first = _templates_at(now, tmp_path / "first")
     stray = f"stray-{tmp_path.name}.pyc"
-    trainer = ROOT / "training_image" / "trainer"
-    strays = [trainer / stray, trainer / "__pycache__" / stray]
+    # The image's context takes trn_catalog/ and training_image/trainer/ (.dockerignore). A stray
+    # beside the trainer's modules would land in the ops wheel another worker may be building
+    # (its force-include skips __pycache__ only), so that one goes beside the catalog's.
+    strays = [ROOT / "trn_catalog" / stray]
+    strays += [ROOT / "training_image" / "trainer" / "__pycache__" / stray]
     strays += [REAPER_CODE / stray, REAPER_CODE / "__pycache__" / stray]
     made = [d for d in {s.parent for s in strays} if not d.exists()]
     try:
