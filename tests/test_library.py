@@ -43,13 +43,16 @@ LIBRARY_TOP_LEVEL = {"constructs_lib", "trn_catalog"}
 OPS_TOP_LEVEL = {"trnctl", "trainer"}
 
 
+# For pip and the build backends: no bytecode, which :func:`_tree_state` would not see.
+NO_BYTECODE = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
 def _pip(*args: str) -> None:
-    # No bytecode from pip or the build backends: :func:`_tree_state` does not see caches.
     subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
         check=True,
         capture_output=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env=NO_BYTECODE,
     )
 
 
@@ -219,7 +222,7 @@ def test_the_ops_wheel_builds_from_its_sdist_alone(wheels: dict[str, Path], tmp_
         cwd=ROOT / "ops",
         check=True,
         capture_output=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env=NO_BYTECODE,
     )
     assert _tree_state() == before, "building the sdist wrote into the checkout"
     (sdist,) = (tmp_path / "sdist").glob("trn_platform_ops-*.tar.gz")
