@@ -13,6 +13,7 @@ import typer.main
 import typer.testing
 from botocore.stub import Stubber
 from moto import mock_aws
+from preflight_answers import QUOTA, quota_response
 from typer.testing import CliRunner
 
 from trnctl.cli import app
@@ -145,3 +146,34 @@ def stub() -> Any:
     yield make
     for stubber in active:
         stubber.deactivate()
+
+
+@pytest.fixture
+def aws(clients: Any, stub: Any) -> Any:
+    """Queue the answers preflight asks where moto has none (the Trn vCPU quota, the capacity
+    reservations of the type in the zone); everything else on EC2 goes to moto."""
+
+    def setup(
+        *,
+        quota: float = 384,
+        reservations: list[dict[str, Any]] | None = None,
+        az: str = "us-east-2a",
+        instance_type: str = "trn2.48xlarge",
+    ) -> tuple[Any, Any]:
+        quotas = stub(clients("service-quotas"))
+        quotas.add_response("get_service_quota", quota_response(quota), QUOTA)
+        ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+        ec2.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": reservations or []},
+            {
+                "Filters": [
+                    {"Name": "instance-type", "Values": [instance_type]},
+                    {"Name": "availability-zone", "Values": [az]},
+                    {"Name": "state", "Values": ["active", "scheduled"]},
+                ]
+            },
+        )
+        return quotas, ec2
+
+    return setup

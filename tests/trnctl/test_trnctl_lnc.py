@@ -133,18 +133,10 @@ def test_preflight_fails_a_mode_the_type_cannot_run() -> None:
     assert unknown.status is preflight.Status.FAIL
 
 
-def test_preflight_with_env_adds_the_device_rows(
-    deployed_dra: None, trnctl: Any, clients: Any, stub: Any
-) -> None:
-    """Quota and reservations answered by Stubbers as in test_trnctl_preflight (moto lacks
-    them), the outputs from moto's SSM."""
-    quota = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
-    stub(clients("service-quotas")).add_response(
-        "get_service_quota", {"Quota": {**quota, "QuotaName": "q", "Value": 384.0}}, quota
-    )
-    stub(clients("ec2"), "DescribeCapacityReservations").add_response(
-        "describe_capacity_reservations", {"CapacityReservations": []}
-    )
+def test_preflight_with_env_adds_the_device_rows(deployed_dra: None, trnctl: Any, aws: Any) -> None:
+    """Quota and reservations answered by Stubbers (moto lacks them), the outputs from moto's
+    SSM."""
+    aws()
     run = trnctl(
         "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "1",
         "--env", "trn-dev",

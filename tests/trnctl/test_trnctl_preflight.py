@@ -7,24 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from preflight_answers import QUOTA, quota_response
 
 import trn_catalog
 from trnctl import preflight
 
 pytestmark = pytest.mark.usefixtures("moto")
-
-QUOTA = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
-
-
-def quota_response(value: float) -> dict[str, Any]:
-    return {
-        "Quota": {
-            "ServiceCode": "ec2",
-            "QuotaCode": "L-2C3B7624",
-            "QuotaName": "Running On-Demand Trn instances",
-            "Value": value,
-        }
-    }
 
 
 def reservation(
@@ -44,35 +32,6 @@ def reservation(
         "ReservationType": kind,
         "StartDate": datetime(2026, 12, 1, 11, 30, tzinfo=UTC),
     }
-
-
-@pytest.fixture
-def aws(clients: Any, stub: Any) -> Any:
-    """Queue the quota and reservation answers; everything else on EC2 goes to moto."""
-
-    def setup(
-        *,
-        quota: float = 384,
-        reservations: list[dict[str, Any]] | None = None,
-        az: str = "us-east-2a",
-    ) -> tuple[Any, Any]:
-        quotas = stub(clients("service-quotas"))
-        quotas.add_response("get_service_quota", quota_response(quota), QUOTA)
-        ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
-        ec2.add_response(
-            "describe_capacity_reservations",
-            {"CapacityReservations": reservations or []},
-            {
-                "Filters": [
-                    {"Name": "instance-type", "Values": ["trn2.48xlarge"]},
-                    {"Name": "availability-zone", "Values": [az]},
-                    {"Name": "state", "Values": ["active", "scheduled"]},
-                ]
-            },
-        )
-        return quotas, ec2
-
-    return setup
 
 
 def rows(stdout: str) -> dict[str, str]:

@@ -230,17 +230,9 @@ def fake(monkeypatch: pytest.MonkeyPatch, moto: None) -> Iterator[FakeKube]:
         yield state
 
 
-def test_preflight_env_reads_the_node_labels(
-    fake: FakeKube, trnctl: Any, clients: Any, stub: Any
-) -> None:
+def test_preflight_env_reads_the_node_labels(fake: FakeKube, trnctl: Any, aws: Any) -> None:
     fake.nodes = {**fleet({A: 4, B: 2}), "ip-system": {"trn-platform/node-type": "system"}}
-    quota = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
-    stub(clients("service-quotas")).add_response(
-        "get_service_quota", {"Quota": {**quota, "QuotaName": "q", "Value": 1536.0}}, quota
-    )
-    stub(clients("ec2"), "DescribeCapacityReservations").add_response(
-        "describe_capacity_reservations", {"CapacityReservations": []}
-    )
+    aws(quota=1536, instance_type="trn2u.48xlarge")
 
     run = trnctl(
         "preflight", "--az", "us-east-2a", "--instance-type", "trn2u.48xlarge", "--count", "4",
@@ -255,18 +247,12 @@ def test_preflight_env_reads_the_node_labels(
 
 
 def test_preflight_env_warns_when_the_cluster_cannot_be_read(
-    moto: None, trnctl: Any, clients: Any, stub: Any
+    moto: None, trnctl: Any, aws: Any
 ) -> None:
     boto3.client("ssm").put_parameter(
         Name="/trn-platform/trn-dev/outputs", Value=ULTRA.to_json(), Type="String"
     )
-    quota = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
-    stub(clients("service-quotas")).add_response(
-        "get_service_quota", {"Quota": {**quota, "QuotaName": "q", "Value": 1536.0}}, quota
-    )
-    stub(clients("ec2"), "DescribeCapacityReservations").add_response(
-        "describe_capacity_reservations", {"CapacityReservations": []}
-    )
+    aws(quota=1536, instance_type="trn2u.48xlarge")
 
     run = trnctl(
         "preflight", "--az", "us-east-2a", "--instance-type", "trn2u.48xlarge", "--count", "4",

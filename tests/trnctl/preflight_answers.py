@@ -1,0 +1,12 @@
+"""What Service Quotas answers for the Trn vCPU quota that preflight reads (moto has no Service
+Quotas): the request's parameters and the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUOTA = {"ServiceCode": "ec2", "QuotaCode": "L-2C3B7624"}
+
+
+def quota_response(value: float) -> dict[str, Any]:
+    return {"Quota": {**QUOTA, "QuotaName": "Running On-Demand Trn instances", "Value": value}}
