@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests import warm
+
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = ROOT / "examples" / "plain_pytorch" / "train.py"
 HF = ROOT / "examples" / "hf_trainer" / "train.py"
@@ -50,10 +52,9 @@ def example_env(**extra: str) -> dict[str, str]:
 
 
 def run_example(argv: list[str], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
-    """Runs a script to completion; its JSON lines (one per logged step)."""
-    done = subprocess.run(
-        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
-    )
+    """Runs a script to completion, warm (tests/warm.py); its JSON lines (one per logged
+    step)."""
+    done = warm.run(argv, env=env, cwd=cwd, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     # The Trainer prints its own log dicts too (Python reprs, single-quoted).
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"')]

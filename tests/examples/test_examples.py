@@ -6,7 +6,6 @@ image is well formed and takes that image as a build argument."""
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import signal
@@ -16,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from example_runs import SHARED, ExampleRun, PreemptedRun
+from example_runs import SHARED, ExampleRun, PreemptedRun, run_example
+
+from tests import warm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -30,16 +31,6 @@ def env_with(**extra: str) -> dict[str, str]:
     env.pop("TRN_CHECKPOINT_DIR", None)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
     return env
-
-
-def run(argv: list[str], env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
-    """Runs a script; its JSON lines (one per logged step)."""
-    done = subprocess.run(
-        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    # The Trainer prints its own log dicts too (Python reprs, single-quoted).
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"')]
 
 
 def assert_loss_falls(logged: list[dict[str, Any]]) -> None:
@@ -61,7 +52,7 @@ def test_plain_pytorch_trains_checkpoints_and_resumes(plain_run: ExampleRun) -> 
     assert logged[-1]["tokens"] == 30 * 4 * 32
     assert [p.name for p in checkpoints.iterdir()] == ["step-30.pt"]
     # A rerun with more steps resumes from step 30 rather than starting over.
-    resumed = run([*argv, "--steps", "35"], env, plain_run.cwd)
+    resumed = run_example([*argv, "--steps", "35"], env, plain_run.cwd)
     assert [e["step"] for e in resumed] == [35]
     assert resumed[0]["loss"] < logged[0]["loss"]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-30.pt", "step-35.pt"]
@@ -109,14 +100,11 @@ def test_hf_trainer_trains_and_checkpoints_where_the_platform_says(hf_run: Examp
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [PLAIN, HF], ids=["plain_pytorch", "hf_trainer"])
 def test_a_device_the_machine_lacks_stops_the_script(tmp_path: Path, script: Path) -> None:
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, str(script), "--device", "neuron"],
         env=env_with(),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     assert done.returncode == 1
     assert "--device neuron, but this machine's accelerator is none" in done.stderr

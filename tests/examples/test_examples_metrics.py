@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from example_runs import SHARED, STEPS, ExampleRun
 from typer.testing import CliRunner
 
+from tests import warm
 from trnctl import compare
 from trnctl.cli import app
 
@@ -94,14 +94,11 @@ def test_off_the_platform_the_examples_run_unchanged(tmp_path: Path) -> None:
         ([str(PLAIN)], {}),
         (["-c", WITHOUT_TRAINER, str(PLAIN)], {"TRN_METRICS_FILE": str(metrics)}),
     ):
-        done = subprocess.run(
+        done = warm.run(
             [sys.executable, *argv, *TINY, "--steps", "5"],
             env={**env, **extra},
             cwd=tmp_path,
-            capture_output=True,
-            text=True,
             timeout=120,
-            check=False,
         )
         assert done.returncode == 0, done.stderr
         assert '"step": 5' in done.stdout

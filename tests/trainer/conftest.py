@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import two_ranks as two_ranks_launch
 
+from tests import warm
 from trainer import data
 
 
@@ -31,33 +32,23 @@ def trainer_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def launch(trainer_env: dict[str, str]) -> Callable[..., subprocess.Popen[str]]:
-    """Starts ``python -m trainer ARGS`` (the ``trn-train`` CLI) without waiting."""
+def launch(trainer_env: dict[str, str]) -> Callable[..., warm.Started]:
+    """Starts ``python -m trainer ARGS`` (the ``trn-train`` CLI) warm (tests/warm.py) without
+    waiting."""
 
-    def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "trainer", *args],
-            env=trainer_env,
-            text=True,
-            stderr=subprocess.PIPE,
-        )
+    def start(*args: str) -> warm.Started:
+        return warm.start([sys.executable, "-m", "trainer", *args], env=trainer_env)
 
     return start
 
 
 @pytest.fixture(scope="session")
 def run_trainer(trainer_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs ``python -m trainer ARGS`` to completion (two minutes at most)."""
+    """Runs ``python -m trainer ARGS`` warm (tests/warm.py) to completion (two minutes at
+    most)."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "trainer", *args],
-            env=trainer_env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return warm.run([sys.executable, "-m", "trainer", *args], env=trainer_env, timeout=120)
 
     return run
 
@@ -75,6 +66,6 @@ def _one_torch_thread() -> None:
 def two_ranks(
     corpus_dir: Path, trainer_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> two_ranks_launch.TwoRanks:
-    """Every two-rank scenario in one torchrun launch; its tests carry
+    """Every two-rank scenario in one launch of two ranks; its tests carry
     ``pytest.mark.xdist_group(two_ranks_launch.GROUP)`` so that one worker runs it once."""
     return two_ranks_launch.launch(tmp_path_factory.mktemp("two-ranks"), corpus_dir, trainer_env)

@@ -1,9 +1,7 @@
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +12,7 @@ import torch
 from moto import mock_aws
 from torch import nn
 
+from tests import warm
 from trainer import checkpoint, optim
 from trainer.checkpoint import (
     Checkpointer,
@@ -301,7 +300,7 @@ def test_a_resume_with_another_seed_or_dataset_is_refused(corpus_dir: Path, tmp_
 
 
 RESUME_ON_A_NODE = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 
 import boto3
@@ -311,8 +310,8 @@ from trainer import checkpoint, optim, parallel
 from trainer.config import PRESETS
 from trainer.model import GPT
 
-out, endpoint, node_cache = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-run = json.loads(sys.argv[4])
+out, endpoint, run = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+node_cache = out / f"node-{os.environ['GROUP_RANK']}-disk"
 ranks = parallel.ranks_from_env()
 parallel.init(ranks, "gloo")
 control = parallel.control_group(ranks)
@@ -336,25 +335,11 @@ step = checkpoint.resume_newest(
     checkpoint.Checkpointer(store), model, opt, run=run, ranks=ranks, group=control
 )
 weights = sum(float(p.detach().double().sum()) for p in model.parameters())
-left = node_cache.exists() and any(node_cache.rglob("state.pt"))
 (out / f"rank-{ranks.rank}.json").write_text(
-    json.dumps({"step": step, "state_gets": len(state_gets), "weights": weights, "left": left})
+    json.dumps({"step": step, "state_gets": len(state_gets), "weights": weights})
 )
 parallel.shutdown()
 """
-
-
-def _outputs(procs: list[subprocess.Popen[str]], *, timeout: float) -> list[str]:
-    """What each process printed. One still running after ``timeout`` seconds is killed with
-    the rest: a rank that died leaves the others waiting at the rendezvous."""
-    deadline = time.monotonic() + timeout
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-    return [proc.communicate()[0] for proc in procs]
 
 
 @pytest.mark.slow
@@ -367,12 +352,9 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
     pytest.importorskip("flask", reason="moto's ThreadedMotoServer needs moto[server]")
     from moto.server import ThreadedMotoServer
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = warm.free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    procs: list[subprocess.Popen[str]] = []
     try:
         endpoint = f"http://127.0.0.1:{port}"
         s3 = boto3.client(
@@ -386,44 +368,22 @@ def test_resuming_from_s3_downloads_the_state_once_per_node(
         model, opt = _trained(0)
         Checkpointer(S3Store("s3://ckpt/run", client=s3)).save(7, model, opt, run=RUN)
         (tmp_path / "resume.py").write_text(RESUME_ON_A_NODE)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            master_port = probe.getsockname()[1]
-        # The four ranks as torchrun starts them (its agents, two more torch processes, add
-        # nothing this test looks at): node 0 holds ranks 0 and 1, node 1 ranks 2 and 3.
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(tmp_path / "resume.py"),
-                    str(tmp_path),
-                    endpoint,
-                    str(tmp_path / f"node-{rank // 2}-disk"),
-                    json.dumps(RUN),
-                ],
-                env={
-                    **trainer_env,
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(master_port),
-                    "WORLD_SIZE": "4",
-                    "RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": "2",
-                    "LOCAL_RANK": str(rank % 2),
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=tmp_path,
-            )
-            for rank in range(4)
-        ]
-        logs = _outputs(procs, timeout=180)
+        # The four ranks as torchrun starts them: node 0 holds ranks 0 and 1, node 1 ranks 2
+        # and 3; each rank finds its node's disk from GROUP_RANK.
+        done = warm.run_ranks(
+            [sys.executable, str(tmp_path / "resume.py"), str(tmp_path), endpoint, json.dumps(RUN)],
+            env=trainer_env,
+            world=4,
+            per_node=2,
+            cwd=tmp_path,
+            timeout=180,
+        )
     finally:
-        for proc in procs:
-            proc.kill()
         server.stop()
 
-    assert [proc.returncode for proc in procs] == [0, 0, 0, 0], "\n".join(logs)
+    assert [rank.returncode for rank in done] == [0, 0, 0, 0], "\n".join(
+        f"{rank.stdout}{rank.stderr}" for rank in done
+    )
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert [r["step"] for r in ranks] == [7, 7, 7, 7]
     gets = [r["state_gets"] for r in ranks]

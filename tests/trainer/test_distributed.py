@@ -1,4 +1,4 @@
-"""Two ranks under torchrun (gloo) against one rank accumulating over the same global batch: the
+"""Two ranks (gloo) against one rank accumulating over the same global batch: the
 runs are jobs of the suite's one two-rank launch (tests/trainer/two_ranks.py)."""
 
 from __future__ import annotations

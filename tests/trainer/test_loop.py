@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests import warm
 from trainer import cli, device, metrics, optim, parallel, report
 from trainer.config import TrainConfig
 from trainer.loop import train
@@ -81,7 +82,7 @@ def test_process_group_comes_before_the_device(
     assert calls == ["check instance", "init gloo", "bind device"]
 
 
-def _wait_for_step(metrics_file: Path, proc: subprocess.Popen[str], step: int) -> None:
+def _wait_for_step(metrics_file: Path, proc: warm.Started, step: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if metrics_file.exists():
@@ -115,7 +116,7 @@ def test_kill_9_then_resume_is_bit_identical(
     corpus_dir: Path,
     tmp_path: Path,
     uninterrupted: Path,
-    launch: Callable[..., subprocess.Popen[str]],
+    launch: Callable[..., warm.Started],
     run_trainer: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     args = [
@@ -158,7 +159,7 @@ def test_kill_9_then_resume_is_bit_identical(
 
 @pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_0(
-    corpus_dir: Path, tmp_path: Path, launch: Callable[..., subprocess.Popen[str]]
+    corpus_dir: Path, tmp_path: Path, launch: Callable[..., warm.Started]
 ) -> None:
     args = [
         *RUN,

@@ -1,15 +1,15 @@
-"""One torchrun launch (two FSDP2 ranks, gloo) against one rank accumulating over the same global
-batch, folding the checks of the scale-out path into it: the weights read on rank 0 alone and
-broadcast into the shards, the same step-1 loss as transformers, activation checkpointing under
-FSDP2, sharded (DCP) checkpoints written by every rank, resume across a change of world size both
-ways, and LoRA checkpoints that hold the adapters only; then a sharded checkpoint exported."""
+"""One launch of two FSDP2 ranks (gloo, warm with torchrun's variables: tests/warm.py) against
+one rank accumulating over the same global batch, folding the checks of the scale-out path into
+it: the weights read on rank 0 alone and broadcast into the shards, the same step-1 loss as
+transformers, activation checkpointing under FSDP2, sharded (DCP) checkpoints written by every
+rank, resume across a change of world size both ways, and LoRA checkpoints that hold the adapters
+only; then a sharded checkpoint exported."""
 
 from __future__ import annotations
 
 import functools
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +20,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests import warm
 from trainer import checkpoint, cli, data, hf, metrics
 from trainer.checkpoint import Checkpointer, LocalStore
 
@@ -29,7 +30,7 @@ _run = functools.partial(hf_tiny.run_args, lr="3e-3", max_steps=str(STEPS))
 
 # The argument is a list of `trn-train run` command lines, trained in turn in this one launch:
 # the process group stays up between them (a group destroyed and made again in one process
-# waits forever on torchrun's store). Block.forward is counted so that checkpointed blocks show
+# waits forever on the rendezvous store). Block.forward is counted so that checkpointed blocks show
 # their recomputation.
 TRAIN_EACH = """
 import json, sys
@@ -113,18 +114,17 @@ def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
 
     (tmp_path / "train.py").write_text(TRAIN_EACH)
     runs = [two("fresh", "--checkpoint-every", "2"), two("grow"), two("lora-two", *LORA)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     reads = tmp_path / "reads.jsonl"
-    done = subprocess.run(
-        [*torchrun, "2", str(tmp_path / "train.py"), json.dumps(runs)],
+    done = warm.run_ranks(
+        [sys.executable, str(tmp_path / "train.py"), json.dumps(runs)],
         env={**trainer_env, hf.READ_LOG_ENV: str(reads)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+        world=2,
         cwd=tmp_path,
+        timeout=240,
     )
-    assert done.returncode == 0, done.stdout + done.stderr[-6000:]
+    assert [rank.returncode for rank in done] == [0, 0], "".join(
+        rank.stdout + rank.stderr[-6000:] for rank in done
+    )
 
     # Rank 0 alone read the safetensors files, in each of the three runs.
     assert [json.loads(line)["rank"] for line in reads.read_text().splitlines()] == [0, 0, 0]

@@ -1,12 +1,13 @@
-"""One torchrun worker (two ranks, gloo) that runs, in turn, every two-rank scenario the trainer
-tests check: a torchrun launch costs three Python processes importing torch, so the suite makes
-one and each test asserts on its own scenario's results (tests/trainer/conftest.py, ``two_ranks``).
+"""One rank of two (gloo) that runs, in turn, every two-rank scenario the trainer tests check: a
+launch costs two Python processes with torch, so the suite makes one and each test asserts on its
+own scenario's results (tests/trainer/conftest.py, ``two_ranks``).
 
-Usage: ``torchrun --nproc-per-node 2 two_rank_worker.py JOBS.json``; JOBS.json maps a job name
+Usage: ``torchrun --nproc-per-node 2 two_rank_worker.py JOBS.json``, or its two ranks started
+with torchrun's variables (tests/trainer/two_ranks.py); JOBS.json maps a job name
 to ``{"kind": ..., "out": DIR, ...}``. Each job writes ``DIR/rank-N.json`` on every rank: its
 results, or ``{"failed": traceback}``, after which the worker stops (the other rank may be waiting
 in a collective). The default process group stays up between jobs: a group destroyed and made
-again in one process waits forever on torchrun's store.
+again in one process waits forever on the rendezvous store.
 """
 
 from __future__ import annotations

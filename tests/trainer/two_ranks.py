@@ -1,5 +1,6 @@
-"""The suite's one two-rank torchrun launch (tests/trainer/two_rank_worker.py): the data each
-scenario reads, the jobs, and each job's per-rank results for the tests that assert on them."""
+"""The suite's one two-rank launch (tests/trainer/two_rank_worker.py, two warm ranks with
+torchrun's variables, tests/warm.py): the data each scenario reads, the jobs, and each job's
+per-rank results for the tests that assert on them."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Any
 import numpy as np
 import tiny_tokenizer
 
+from tests import warm
 from trainer import data, tokenizing
 
 WORKER = Path(__file__).with_name("two_rank_worker.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 # The pytest marker that keeps every test of the launch on one xdist worker (--dist loadgroup),
 # so that the session fixture runs once.
 GROUP = "two_ranks"
@@ -68,7 +69,7 @@ class TwoRanks:
     numbered: Path
     short: Path
     chat: Path
-    done: subprocess.CompletedProcess[str]
+    done: list[subprocess.CompletedProcess[str]]
 
     def results(self, job: str) -> list[dict[str, Any]]:
         """Rank 0's and rank 1's results of ``job``; an AssertionError naming why if either
@@ -76,7 +77,8 @@ class TwoRanks:
         ranks = []
         for rank in (0, 1):
             path = self.root / job / f"rank-{rank}.json"
-            launch = f"torchrun exited {self.done.returncode}:\n{self.done.stderr[-6000:]}"
+            ended = self.done[rank]
+            launch = f"it exited {ended.returncode}:\n{ended.stderr[-6000:]}"
             assert path.is_file(), f"rank {rank} never finished job {job}; {launch}"
             result: dict[str, Any] = json.loads(path.read_text())
             assert "failed" not in result, f"rank {rank} failed job {job}:\n{result['failed']}"
@@ -140,7 +142,7 @@ def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
 
 
 def launch(root: Path, corpus: Path, env: dict[str, str]) -> TwoRanks:
-    """Writes each scenario's data under ``root`` and runs every job in one torchrun launch."""
+    """Writes each scenario's data under ``root`` and runs every job in one launch of two ranks."""
     corrupt = root / "corrupt"
     shutil.copytree(corpus, corrupt)
     shard = corrupt / "shard_00000.bin"
@@ -153,17 +155,9 @@ def launch(root: Path, corpus: Path, env: dict[str, str]) -> TwoRanks:
     truncated = short / "shard_00001.bin"
     truncated.write_bytes(truncated.read_bytes()[:-2])
     chat = write_chat(root / "chat")
-    pending = subprocess.CompletedProcess[str]([], -1, "", "")
-    two = TwoRanks(root, corpus, corrupt, numbered, short, chat, pending)
+    two = TwoRanks(root, corpus, corrupt, numbered, short, chat, [])
     listed = {name: {**job, "out": str(root / name)} for name, job in jobs(two).items()}
     (root / "jobs.json").write_text(json.dumps(listed))
-    done = subprocess.run(
-        [*TORCHRUN, str(WORKER), str(root / "jobs.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=root,
-    )
+    argv = [sys.executable, str(WORKER), str(root / "jobs.json")]
+    done = warm.run_ranks(argv, env=env, world=2, cwd=root, timeout=600)
     return TwoRanks(root, corpus, corrupt, numbered, short, chat, done)

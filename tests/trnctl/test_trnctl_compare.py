@@ -8,7 +8,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from test_trnctl_aws import OUTPUTS
 from test_trnctl_cost import product
 
+from tests import warm
 from trainer import data
 from trnctl import compare
 from trnctl.errors import TrnctlError
@@ -38,8 +38,8 @@ pytestmark = [pytest.mark.xdist_group("compare"), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def metrics_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Runs trn-train twice (tiny preset, CPU, a record every 2 steps) as the platform would,
-    with TRN_INSTANCE_TYPE set; returns the metrics files."""
+    """Runs trn-train twice (tiny preset, CPU, a record every 2 steps; warm, tests/warm.py) as
+    the platform would, with TRN_INSTANCE_TYPE set; returns the metrics files."""
     root = tmp_path_factory.mktemp("compare")
     corpus = root / "corpus"
     data.prepare_corpus(corpus)
@@ -48,7 +48,7 @@ def metrics_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files = {}
     for name, run in RUNS.items():
         files[name] = root / f"{name}.jsonl"
-        subprocess.run(
+        done = warm.run(
             [
                 *(sys.executable, "-m", "trainer", "run", "--preset", "tiny", "--device", "cpu"),
                 *("--compile", "none", "--data", str(corpus), "--log-every", "2", "--seed", "1"),
@@ -56,10 +56,9 @@ def metrics_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 *("--metrics", str(files[name]), "--no-progress"),
             ],
             env={**env, "TRN_INSTANCE_TYPE": run["type"]},
-            check=True,
-            capture_output=True,
             timeout=120,
         )
+        assert done.returncode == 0, done.stderr[-4000:]
     return files
 
 
