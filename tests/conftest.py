@@ -70,6 +70,18 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+def construct_app(**props: Any) -> Any:
+    """A ``cdk.App`` for a construct test, without CDK's built-in CloudFormation validation, as
+    the platform's own app (app.py): cfn-lint checks every variant's templates
+    (tests/security/test_gate.py), and the plugin costs the jsii runtime about ten CPU-seconds on
+    a test process's first synth and a third of each later one. Another team's app keeps it, as
+    theirs would: tests/test_library.py and tests/library/test_readme_examples.py synthesize the
+    constructs with CDK's defaults."""
+    import aws_cdk as cdk
+
+    return cdk.App(builtin_cloud_formation_validation=False, **props)
+
+
 def context_with(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """cdk.json's context (feature flags, AZ cache) plus ``overrides``, as the CDK CLI passes it."""
     return {**CDK_JSON_CONTEXT, **overrides}

@@ -15,7 +15,7 @@ from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
 from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingWorkspace
-from tests.conftest import Synth
+from tests.conftest import Synth, construct_app
 from trn_catalog import crds, ultraservers, versions
 from trn_catalog import workspace as shared
 from trn_catalog.outputs import EnvironmentOutputs
@@ -502,7 +502,7 @@ def test_workspace_refuses_a_stack_that_cannot_run(
 ) -> None:
     props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
     with pytest.raises(ValueError, match=message):
-        TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)
+        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
 
 
 @pytest.mark.parametrize(
@@ -515,7 +515,7 @@ def test_workspace_refuses_a_stack_that_cannot_run(
 )
 def test_workspace_accepts_a_stack_that_runs(dev: Synth, overrides: dict[str, Any]) -> None:
     props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
-    TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)
+    TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
 
 
 def test_job_engine_schema_refuses_bad_jobs() -> None:
@@ -629,7 +629,7 @@ def test_jobs_run_the_image_copied_into_the_repository(dev: Synth) -> None:
 
 def neuron_cluster(**overrides: Any) -> NeuronCluster:
     stack = cdk.Stack(
-        cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
     props: dict[str, Any] = {
@@ -745,7 +745,7 @@ def test_bring_your_own_secrets_key() -> None:
     """An imported key encrypts Secrets; the cluster makes no key of its own."""
     arn = "arn:aws:kms:us-east-2:123456789012:key/11111111-2222-3333-4444-555555555555"
     stack = cdk.Stack(
-        cdk.App(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "C", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     theirs = kms.Key.from_key_arn(stack, "Theirs", arn)
     built = NeuronCluster(
@@ -880,4 +880,4 @@ def test_workspace_refuses_bad_gpu_props(
 ) -> None:
     props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
     with pytest.raises(ValueError, match=message):
-        TrainingWorkspace(cdk.Stack(cdk.App(), "W"), "W", props=props)
+        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)

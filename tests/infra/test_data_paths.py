@@ -9,7 +9,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from constructs_lib import TrainingDataPaths, TrainingDataPathsProps
-from tests.conftest import Synth
+from tests.conftest import Synth, construct_app
 
 
 def buckets(synth: Synth) -> dict[str, dict[str, Any]]:
@@ -299,7 +299,7 @@ def test_removal_and_termination_protection_per_profile(dev: Synth, prod: Synth)
 
 def data_paths(**overrides: Any) -> TrainingDataPaths:
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     props: dict[str, Any] = {
@@ -337,7 +337,7 @@ def test_construct_rejects_bad_props(overrides: dict[str, Any], message: str) ->
 def test_bring_your_own_datasets_bucket() -> None:
     theirs_name = "research-datasets"
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     theirs = s3.Bucket.from_bucket_name(stack, "Theirs", theirs_name)
@@ -378,7 +378,7 @@ def test_bring_your_own_encryption_key() -> None:
     """An imported key encrypts the data buckets and the file system, and the job role may use
     it; no key is made. (Its key policy is the owner's: see the prop's docstring.)"""
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2)
     theirs = kms.Key.from_key_arn(stack, "Theirs", KEY_ARN)

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Template
 
 import trn_catalog
 from constructs_lib import GpuNodeGroup, GpuNodeGroupProps
+from tests.conftest import construct_app
 from tests.template_parts import launch_data, nodegroup, of_type
 
 RESERVATION = "cr-0123456789abcdef0"
@@ -21,7 +22,7 @@ VARIANTS = [(t, "on-demand") for t in TYPES] + [(TYPES[2], m) for m in MODES[1:]
 
 def _stack() -> tuple[cdk.Stack, ec2.Vpc, eks.ICluster]:
     stack = cdk.Stack(
-        cdk.App(), "Gpu", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "Gpu", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=1, nat_gateways=1)
     cluster = eks.Cluster.from_cluster_attributes(

@@ -14,6 +14,7 @@ from test_trainium_nodegroup import build
 
 from constructs_lib import GpuNodeGroup
 from constructs_lib.trainium_nodegroup import user_data
+from tests.conftest import construct_app
 from tests.template_parts import launch_data
 
 OLD_USER_DATA = """MIME-Version: 1.0
@@ -81,7 +82,7 @@ def test_an_lnc_other_than_one_or_two_is_refused() -> None:
 
 def test_lnc_on_a_gpu_group_is_refused() -> None:
     stack = cdk.Stack(
-        cdk.App(), "Gpu", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "Gpu", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
     cluster = eks.Cluster.from_cluster_attributes(

@@ -13,7 +13,7 @@ from moto import mock_aws
 from constructs_lib import DEFAULT_INTERFACE_ENDPOINTS, TrainingNetwork, TrainingNetworkProps
 from constructs_lib.network import NATIVE_RESERVATION_REGIONS
 from platform_config.parse import DEFAULT_REGION
-from tests.conftest import Synth
+from tests.conftest import Synth, construct_app
 
 
 def subnets(synth: Synth, kind: str) -> list[dict[str, Any]]:
@@ -221,7 +221,9 @@ def test_prod_retains_the_flow_logs(dev: Synth, prod: Synth) -> None:
 
 
 def network(region: str = "us-east-2", **overrides: Any) -> TrainingNetwork:
-    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="123456789012", region=region))
+    stack = cdk.Stack(
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region=region)
+    )
     props: dict[str, Any] = {
         "trn_availability_zone": "us-east-2a",
         "availability_zones": ["us-east-2a", "us-east-2b"],
@@ -307,7 +309,7 @@ def own_vpc(stack: cdk.Stack, zones: list[str]) -> ec2.Vpc:
 
 def test_bring_your_own_vpc_selects_the_trn_az_subnet() -> None:
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = own_vpc(stack, ["us-east-2a", "us-east-2b", "us-east-2c"])
     built = TrainingNetwork(
@@ -321,7 +323,7 @@ def test_bring_your_own_vpc_selects_the_trn_az_subnet() -> None:
 
 def test_bring_your_own_vpc_without_a_private_subnet_in_the_trn_az() -> None:
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = own_vpc(stack, ["us-east-2a", "us-east-2b"])
     message = (

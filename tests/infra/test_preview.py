@@ -14,14 +14,14 @@ from aws_cdk import aws_s3 as s3
 from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
 from platform_config import parse_config
 from stacks import build_platform
-from tests.conftest import Synth, context_with
+from tests.conftest import Synth, construct_app, context_with
 from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
 
 def preview_app(projects: tuple[str, ...], outdir: Path) -> cdk.App:
-    app = cdk.App(context=context_with({}), outdir=str(outdir))
+    app = construct_app(context=context_with({}), outdir=str(outdir))
     for project in projects:
         config = parse_config(
             {
@@ -210,7 +210,7 @@ def test_nothing_in_a_preview_is_retained(two_previews: dict[str, dict[str, Any]
 
 
 def test_a_retain_request_in_a_preview_is_refused(tmp_path: Path) -> None:
-    app = cdk.App(context=context_with({}), outdir=str(tmp_path))
+    app = construct_app(context=context_with({}), outdir=str(tmp_path))
     config = parse_config({"preview": "gamma"}, now=NOW)
     platform = build_platform(app, config)
     s3.Bucket(platform.data, "Keep", removal_policy=cdk.RemovalPolicy.RETAIN)
@@ -221,7 +221,7 @@ def test_a_retain_request_in_a_preview_is_refused(tmp_path: Path) -> None:
 
 
 def lifecycle(region: str = "us-east-2", **overrides: Any) -> PreviewLifecycle:
-    app = cdk.App()
+    app = construct_app()
     stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region=region))
     props: dict[str, Any] = {"project": "delta", "expires_at": NOW, "stacks": [stack], **overrides}
     return PreviewLifecycle(stack, "P", props=PreviewLifecycleProps(**props))

@@ -20,6 +20,7 @@ from constructs_lib.preview_reaper.handler import (
     reap,
     refusal,
 )
+from tests.conftest import construct_app
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 PAST, FUTURE = "2026-12-01T11:00:00Z", "2026-12-02T11:00:00Z"
@@ -280,7 +281,7 @@ def test_handler_moves_the_schedule_that_the_construct_made(cloudformation: Any)
     """The schedule and event as PreviewLifecycle synthesizes them, fed to handler(): a stack
     redeployed with a later expiry moves that very schedule, which keeps its target and
     event."""
-    app = cdk.App()
+    app = construct_app()
     env = cdk.Environment(account="123456789012", region="us-east-2")
     life = cdk.Stack(app, "pv-delta-lifecycle", env=env)
     network = cdk.Stack(app, "pv-delta-network", env=env)

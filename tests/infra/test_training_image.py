@@ -22,7 +22,7 @@ from moto import mock_aws
 
 from constructs_lib import TrainingImage, TrainingImageProps
 from constructs_lib.training_image import BUNDLED_TAG_PREFIX
-from tests.conftest import Synth
+from tests.conftest import Synth, construct_app
 
 REGION = "us-east-2"
 
@@ -151,7 +151,7 @@ def image(tmp_path: Path, **overrides: Any) -> TrainingImage:
     context.mkdir()
     (context / "Dockerfile").write_text("FROM scratch\n")
     # No asset bundling: the lifecycle rule is all these tests read.
-    app = cdk.App(outdir=str(tmp_path / "cdk.out"), context={"aws:cdk:bundling-stacks": []})
+    app = construct_app(outdir=str(tmp_path / "cdk.out"), context={"aws:cdk:bundling-stacks": []})
     stack = cdk.Stack(app, "I")
     props = TrainingImageProps(directory=str(context), dockerfile="Dockerfile", **overrides)
     return TrainingImage(stack, "Image", props=props)

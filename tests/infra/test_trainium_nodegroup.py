@@ -14,6 +14,7 @@ from aws_cdk.assertions import Template
 import trn_catalog
 from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
 from constructs_lib.trainium_nodegroup import REPLACING_PROPERTIES
+from tests.conftest import construct_app
 from tests.template_parts import launch_data, nodegroup, of_type
 
 RESERVATION = "cr-0123456789abcdef0"
@@ -27,7 +28,7 @@ Tweak = Callable[[cdk.Stack, ec2.Vpc], dict[str, Any]]
 def build(tweak: Tweak | None = None, **overrides: Any) -> tuple[TrainiumNodeGroup, dict[str, Any]]:
     """A node group in a stack of its own; ``tweak`` adds props made in that stack."""
     stack = cdk.Stack(
-        cdk.App(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
     cluster = eks.Cluster.from_cluster_attributes(

@@ -13,6 +13,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Template
 
 from constructs_lib import TrainingDataPaths, TrainiumNodeGroup
+from tests.conftest import construct_app
 
 THEIR_KEY = "arn:aws:kms:us-west-2:210987654321:key/11111111-2222-3333-4444-555555555555"
 STATEFUL = ("AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::KMS::Key")
@@ -20,7 +21,7 @@ STATEFUL = ("AWS::S3::Bucket", "AWS::FSx::FileSystem", "AWS::KMS::Key")
 
 def stack_and_vpc() -> tuple[cdk.Stack, ec2.Vpc]:
     stack = cdk.Stack(
-        cdk.App(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
+        construct_app(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
     )
     return stack, ec2.Vpc(stack, "Vpc", availability_zones=["us-west-2a", "us-west-2b"])
 

@@ -13,11 +13,12 @@ from constructs_lib import (
     TrainingNetwork,
     TrainiumNodeGroup,
 )
+from tests.conftest import construct_app
 
 
 def stack_and_vpc() -> tuple[cdk.Stack, ec2.Vpc]:
     stack = cdk.Stack(
-        cdk.App(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
+        construct_app(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
     )
     return stack, ec2.Vpc(stack, "Vpc", availability_zones=["us-west-2a", "us-west-2b"])
 

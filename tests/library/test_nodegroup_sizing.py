@@ -10,6 +10,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk.assertions import Template
 
 from constructs_lib import GpuNodeGroup, TrainiumNodeGroup
+from tests.conftest import construct_app
 
 GROUPS = (TrainiumNodeGroup, GpuNodeGroup)
 
@@ -17,7 +18,7 @@ GROUPS = (TrainiumNodeGroup, GpuNodeGroup)
 def nodegroup(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props: Any) -> Any:
     """The AWS::EKS::Nodegroup's properties of one group built with ``props``."""
     stack = cdk.Stack(
-        cdk.App(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1)
     cluster = eks.Cluster.from_cluster_attributes(

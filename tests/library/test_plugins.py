@@ -13,13 +13,14 @@ from aws_cdk.assertions import Template
 
 import trn_catalog
 from constructs_lib import NeuronPlugins, TrainiumNodeGroup
+from tests.conftest import construct_app
 from trn_catalog import versions
 
 
 def their_cluster(*, kubectl: bool = True) -> tuple[cdk.Stack, ec2.Vpc, eks.ICluster]:
     """A stack with a VPC and an imported EKS cluster, as a platform team that owns both has."""
     stack = cdk.Stack(
-        cdk.App(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
+        construct_app(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-west-2a", "us-west-2b"], nat_gateways=1)
     # Their kubectl provider: the handler function and the role their cluster admits.

@@ -8,13 +8,14 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 
 from constructs_lib import GpuNodeGroup, TrainingDataPaths, TrainiumNodeGroup
+from tests.conftest import construct_app
 
 ZONES = ["us-east-2a", "us-east-2b"]
 
 
 def setup() -> tuple[cdk.Stack, ec2.Vpc, Any]:
     stack = cdk.Stack(
-        cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
+        construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=ZONES, nat_gateways=1)
     cluster = eks.Cluster.from_cluster_attributes(
