@@ -75,8 +75,8 @@ def construct_app(**props: Any) -> Any:
     the platform's own app (app.py): cfn-lint checks every variant's templates
     (tests/security/test_gate.py), and the plugin costs the jsii runtime about ten CPU-seconds on
     a test process's first synth and a third of each later one. Another team's app keeps it, as
-    theirs would: tests/test_library.py and tests/library/test_readme_examples.py synthesize the
-    constructs with CDK's defaults."""
+    theirs would: tests/test_library.py synthesizes both READMEs' examples and another app
+    against the wheel with CDK's defaults."""
     import aws_cdk as cdk
 
     return cdk.App(builtin_cloud_formation_validation=False, **props)

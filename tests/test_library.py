@@ -366,6 +366,14 @@ def readme_examples() -> dict[str, str]:
     return dict(found)
 
 
+def library_readme_examples() -> dict[str, str]:
+    """The examples of the library's own README (constructs_lib/README.md, the package's long
+    description), by their place in it."""
+    text = (ROOT / "constructs_lib" / "README.md").read_text()
+    found = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return {f"constructs_lib/README.md example {n}": code for n, code in enumerate(found, 1)}
+
+
 def test_the_readme_shows_one_example_per_adoption_path() -> None:
     examples = readme_examples()
     assert set(examples) == set(ADOPTION_PATHS)
@@ -376,9 +384,10 @@ def test_the_readme_shows_one_example_per_adoption_path() -> None:
 
 @pytest.fixture(scope="module")
 def apps_synthesized(installed: Path) -> dict[str, Path]:
-    """Each README example and another app (OTHER_APP), synthesized against the installed wheel;
-    the folder of each by its name (an ``out`` assembly, or ``error.txt``)."""
-    codes = {**readme_examples(), OTHER_APP_NAME: OTHER_APP}
+    """Each example of the two READMEs and another app (OTHER_APP), synthesized against the
+    installed wheel with CDK's defaults, in one process (a new jsii runtime's first synth costs
+    seconds); the folder of each by its name (an ``out`` assembly, or ``error.txt``)."""
+    codes = {**readme_examples(), **library_readme_examples(), OTHER_APP_NAME: OTHER_APP}
     folders = {name: installed / re.sub(r"\W+", "-", name.lower()) for name in codes}
     for name, code in codes.items():
         folders[name].mkdir()
@@ -424,6 +433,23 @@ def test_each_readme_example_synthesizes_against_the_wheel(
     if path == "Data paths only":
         policies = json.dumps([r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"])
         assert "kms:Decrypt" in policies and "key/0123abcd-0123-4567-89ab-0123456789ab" in policies
+
+
+def test_the_library_readmes_examples_synthesize_against_the_wheel(
+    apps_synthesized: dict[str, Path],
+) -> None:
+    """The package's own README: a cluster with the Neuron charts and a Trainium node group,
+    offline."""
+    examples = library_readme_examples()
+    assert examples
+    for name, code in examples.items():
+        assert "from_lookup" not in code, "lookups need an AWS account; examples stay offline"
+        types = {
+            resource["Type"]
+            for template in _synthesized(apps_synthesized, name).glob("*.template.json")
+            for resource in json.loads(template.read_text()).get("Resources", {}).values()
+        }
+        assert {"Custom::AWSCDK-EKS-HelmChart", "AWS::EKS::Nodegroup"} <= types, name
 
 
 # Changing one of these replaces a stateful resource (and its data) on the next deploy.
