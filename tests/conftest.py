@@ -72,11 +72,12 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 def construct_app(**props: Any) -> Any:
     """A ``cdk.App`` for a construct test, without CDK's built-in CloudFormation validation, as
-    the platform's own app (app.py): cfn-lint checks every variant's templates
-    (tests/security/test_gate.py), and the plugin costs the jsii runtime about ten CPU-seconds on
-    a test process's first synth and a third of each later one. Another team's app keeps it, as
-    theirs would: tests/test_library.py synthesizes both READMEs' examples and another app
-    against the wheel with CDK's defaults."""
+    the platform's own app (app.py). Here the plugin only warns (the
+    ``@aws-cdk/core:validateAgainstDefaultRules`` flag is not set), cfn-lint checks every
+    variant's templates (tests/security/test_gate.py), and it costs the jsii runtime about ten
+    CPU-seconds on a test process's first synth and a third of each later one. Another team's app
+    keeps CDK's defaults: tests/test_library.py synthesizes both READMEs' examples and another app
+    against the wheel with them."""
     import aws_cdk as cdk
 
     return cdk.App(builtin_cloud_formation_validation=False, **props)

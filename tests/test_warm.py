@@ -13,19 +13,27 @@ import pytest
 
 from tests import warm
 
-# Prints what a program can see of how it was started, then exits with the status in argv.
+# Prints what a program can see of how it was started (torch's threads where TORCH is set), then
+# exits with the status in argv ("none": SystemExit(None)).
 PROBE = """
-import json, os, sys
+import json, multiprocessing, os, sys
+main = sys.modules["__main__"]
 print(json.dumps({
     "argv": sys.argv,
     "path": sys.path,
     "cwd": os.getcwd(),
     "name": __name__,
+    "file": getattr(main, "__file__", None),
+    "spec": repr(getattr(main, "__spec__", None)) if sys.argv[0] == "-c" else "",
     "probe": os.environ.get("PROBE"),
-    "threads": os.environ.get("OMP_NUM_THREADS"),
+    "omp": os.environ.get("OMP_NUM_THREADS"),
+    "torch_threads": __import__("torch").get_num_threads() if os.environ.get("TORCH") else 0,
+    "process": multiprocessing.current_process().name,
+    "parent": repr(multiprocessing.parent_process()),
+    "start_method": multiprocessing.get_start_method(allow_none=True),
 }))
 print("to stderr", file=sys.stderr)
-raise SystemExit(int(sys.argv[-1]))
+raise SystemExit(None if sys.argv[-1] == "none" else int(sys.argv[-1]))
 """
 
 
@@ -49,13 +57,18 @@ def test_a_warm_run_sees_what_a_new_interpreter_sees(tmp_path: Path, form: str) 
         "module": ["-m", "pkg.probe"],
         "code": ["-c", PROBE],
     }[form]
-    env = _env(PROBE="seen", PYTHONPATH=str(tmp_path / "elsewhere"))
-    fresh, started = _both([sys.executable, *head, "a b", "3"], env, tmp_path)
+    # The script also imports torch (a new interpreter's import costs seconds) and ends with
+    # SystemExit(None).
+    status, code, torch = ("none", 0, "1") if form == "script" else ("3", 3, "")
+    env = _env(PROBE="seen", PYTHONPATH="elsewhere", TORCH=torch)
+    fresh, started = _both([sys.executable, *head, "a b", status], env, tmp_path)
     assert started == fresh
-    assert fresh[0] == 3 and '"probe": "seen"' in fresh[1] and "to stderr" in fresh[2]
+    assert fresh[0] == code and '"probe": "seen"' in fresh[1] and "to stderr" in fresh[2]
+    assert f'"torch_threads": {int(bool(torch))}' in fresh[1]
+    assert '"process": "MainProcess"' in fresh[1]
 
 
-def test_a_run_ends_as_an_interpreter_does(tmp_path: Path) -> None:
+def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
     """A SystemExit message goes to stderr with status 1, an uncaught exception prints its
     traceback, atexit handlers run, a signal shows as its negative number."""
     message, exception = (tmp_path / name for name in ("message.py", "exception.py"))
@@ -67,26 +80,75 @@ def test_a_run_ends_as_an_interpreter_does(tmp_path: Path) -> None:
     assert warm_exception[:2] == fresh_exception[:2] == (1, "")
     assert warm_exception[2].endswith("KeyError: 'k'\n") and "line 2, in f" in warm_exception[2]
 
-    (tmp_path / "wait.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(60)")
-    started = warm.start([sys.executable, "wait.py"], env=_env(), cwd=tmp_path)
+    wait = tmp_path / "wait.py"
+    wait.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)")
+    started = warm.start([sys.executable, str(wait)], env=_env(), cwd=tmp_path)
     with pytest.raises(subprocess.TimeoutExpired):
         started.wait(0.2)
     started.send_signal(signal.SIGTERM)
     assert started.wait(30) == -signal.SIGTERM
 
 
-def test_a_run_may_not_change_what_torch_reads_at_import(tmp_path: Path) -> None:
+# Leaves work to the interpreter's exit: a non-daemon thread, an atexit handler, a file never
+# closed, an interrupt; draws from numpy's global generator.
+AT_EXIT = """
+import atexit, sys, threading, time
+import numpy
+print(numpy.random.randint(1 << 30), flush=True)
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread", flush=True))).start()
+atexit.register(print, "atexit")
+unclosed = open(sys.argv[1], "w")
+unclosed.write("written")
+if sys.argv[2] == "interrupt":
+    raise KeyboardInterrupt
+"""
+
+
+def test_what_an_interpreter_does_at_exit_is_done(tmp_path: Path) -> None:
+    script = tmp_path / "at_exit.py"
+    script.write_text(AT_EXIT)
+    runs = {}
+    for how in ("fresh", "warm", "warm again"):
+        for end in ("return", "interrupt"):
+            file = tmp_path / f"{how}-{end}.txt"
+            argv = [sys.executable, str(script), str(file), end]
+            if how == "fresh":
+                done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+            else:
+                done = warm.run(argv, env=_env(), cwd=tmp_path, timeout=60)
+            drawn, *rest = done.stdout.splitlines()
+            runs[how, end] = (done.returncode, rest, file.read_text(), drawn)
+            assert done.stderr.endswith("KeyboardInterrupt\n") == (end == "interrupt")
+    for end in ("return", "interrupt"):
+        assert runs["warm", end][:3] == runs["fresh", end][:3]
+    assert runs["warm", "return"][:3] == (0, ["thread", "atexit"], "written")
+    assert runs["warm", "interrupt"][0] == -signal.SIGINT
+    # numpy's global generator is seeded in each run, as at a new interpreter's import.
+    assert runs["warm", "return"][3] != runs["warm again", "return"][3]
+
+
+def test_a_run_may_not_change_what_is_read_at_start(tmp_path: Path) -> None:
     probe = [sys.executable, "-c", "pass"]
     with pytest.raises(ValueError, match=r"the run sets \['OMP_NUM_THREADS'\]"):
         warm.start(probe, env={**os.environ, "OMP_NUM_THREADS": "4"})
     with pytest.raises(ValueError, match=r"the run sets \['TORCH_LOGS'\]"):
         warm.start(probe, env=_env(TORCH_LOGS="dynamo"))
+    with pytest.raises(ValueError, match=r"the run sets \['PYTHONHASHSEED', 'TMPDIR'\]"):
+        warm.start(probe, env=_env(PYTHONHASHSEED="1", TMPDIR=str(tmp_path)))
+    # What torch reads when it compiles, and what warm runs do as the interpreter would.
+    later = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    assert warm.run(probe, env=_env(**later), timeout=60).returncode == 0
     with pytest.raises(ValueError, match="this interpreter with a script, -m or -c"):
         warm.start(["python3", "-c", "pass"], env=_env())
+    with pytest.raises(ValueError, match="no interpreter option but -m or -c: '-u'"):
+        warm.start([sys.executable, "-u", "x.py"], env=_env())
+    with pytest.raises(ValueError, match=r"a script by its absolute path: 'x\.py'"):
+        warm.start([sys.executable, "x.py"], env=_env())
 
 
 def test_ranks_get_torchruns_variables_and_a_hung_rank_is_killed(tmp_path: Path) -> None:
-    (tmp_path / "rank.py").write_text(
+    rank = tmp_path / "rank.py"
+    rank.write_text(
         "import os, time\n"
         "names = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK')\n"
         "print(*(os.environ[n] for n in names))\n"
@@ -94,7 +156,7 @@ def test_ranks_get_torchruns_variables_and_a_hung_rank_is_killed(tmp_path: Path)
         "    time.sleep(60)\n"
     )
     done = warm.run_ranks(
-        [sys.executable, "rank.py"], env=_env(), world=4, per_node=2, cwd=tmp_path, timeout=3
+        [sys.executable, str(rank)], env=_env(), world=4, per_node=2, cwd=tmp_path, timeout=3
     )
     assert [d.stdout for d in done] == ["0 0 4 2 0\n", "1 1 4 2 0\n", "2 0 4 2 1\n", "3 1 4 2 1\n"]
     assert [d.returncode for d in done] == [0, 0, 0, -signal.SIGKILL]

@@ -1,49 +1,66 @@
 """Python processes for the tests, started warm: forked from a server that has imported torch
 once (the standard library's forkserver with preloaded modules) rather than a new interpreter that
-imports it again. A trainer, example or rank process spends about 4.5 of its 7 CPU-seconds
-importing torch and torch._dynamo; the suite starts dozens of them on two cores.
+imports it again. A tiny trainer run, example or rank spends about 6 of its 7 CPU-seconds starting
+(importing numpy, torch and torch._dynamo); the suite starts dozens of them on two cores.
 
 A test gets what ``subprocess`` gives it for ``python -m MODULE ARGS``, ``python -c CODE ARGS``
-or ``python SCRIPT ARGS``: the arguments, environment and working directory it asked for, the
-``sys.path`` a new interpreter would have there, stdout and stderr (one stream or two), an exit
-status with negative signal numbers, a pid to signal, atexit handlers run at exit. What differs
-from a new interpreter: the modules in :data:`PRELOAD` are imported before the run's environment
-is set, so a run may not set what they read at import otherwise than the server
-(:data:`AT_IMPORT`: one OpenMP thread, as the suite's trainer runs have), and a test of which
-modules a command imports needs ``subprocess``.
+or ``python /ABSOLUTE/SCRIPT ARGS``: the arguments, environment and working directory it asked
+for, the ``sys.path`` and ``__main__`` a new interpreter would have there, the multiprocessing
+state of a main process, a freshly seeded numpy, stdout and stderr (one stream or two), an exit
+status with negative signal numbers, and an interpreter's exit (non-daemon threads joined, atexit
+handlers run, unreferenced files closed). What differs from a new interpreter:
+
+- the modules in :data:`PRELOAD` are imported with the server's environment, so a run may not
+  set otherwise what they, the interpreter or its native libraries read at start
+  (:data:`AT_START`: one OpenMP thread, as the suite's trainer runs have); ValueError if it does;
+- the hash seed is the server's, the same in every run;
+- a test of which modules a command imports needs ``subprocess``.
 """
 
 from __future__ import annotations
 
 import atexit
+import builtins
+import gc
 import io
 import json
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.process
 import os
 import runpy
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import traceback
+import types
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # What every warm run imports first anyway: torch, and torch._dynamo, which torch imports on a
 # model's first step even without compiling. This module too: the runs' entry point.
 PRELOAD = ["numpy", "torch", "torch._dynamo", __name__]
 THREADS = "1"
-# Variables the preloaded modules or their native libraries read at import (OpenMP, torch's
-# logging, Dynamo's and Inductor's configuration): a run must see the server's values, which it
-# inherits, not others. But for Inductor's cache directory, which torch reads when it compiles
-# and sets in the test process itself.
-AT_IMPORT = ("OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH_")
-READ_AT_RUN = {"TORCHINDUCTOR_CACHE_DIR"}
+# Variables read when the interpreter, the preloaded modules or their native libraries start
+# (OpenMP and BLAS, torch's logging, Dynamo's and Inductor's configuration, the interpreter's own
+# start-up, locale, temporary directory, loader): a run must see the server's values, which it
+# inherits, not others.
+AT_START = (
+    *("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "LD_", "LC_", "LANG"),
+    *("TORCH_LOGS", "TORCH_COMPILE", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "PYTHON"),
+    "TMPDIR",
+)
+# Read when used, not at start: Inductor's cache directory (torch sets it in the test process
+# itself when it first compiles), and what a new interpreter's start-up warm runs do themselves.
+READ_LATER = {"TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "PYTHONUNBUFFERED"}
 
 
 @dataclass(frozen=True)
@@ -58,25 +75,37 @@ class _Request:
     stderr: str | None  # None: into stdout
 
 
-def _stream(fd: int) -> io.TextIOWrapper:
-    return io.TextIOWrapper(
-        io.FileIO(fd, "w", closefd=False), encoding="utf-8", line_buffering=True
-    )
+def _stream(fd: int, errors: str) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors=errors, write_through=True)
 
 
 def _redirect(request: _Request) -> None:
-    out = os.open(request.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out = os.open(request.stdout, os.O_WRONLY | os.O_APPEND)
     os.dup2(out, 1)
     os.close(out)
     if request.stderr is None:
         os.dup2(1, 2)
     else:
-        err = os.open(request.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        err = os.open(request.stderr, os.O_WRONLY | os.O_APPEND)
         os.dup2(err, 2)
         os.close(err)
-    sys.stdout, sys.stderr = _stream(1), _stream(2)
-    sys.stdout.reconfigure(write_through=True)
-    sys.stderr.reconfigure(write_through=True, errors="backslashreplace")
+    # torch's log handlers hold sys.__stderr__ from the server's import.
+    sys.stdout = sys.__stdout__ = _stream(1, "strict")
+    sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")
+
+
+def _as_main_process(cwd: str) -> None:
+    """Multiprocessing as a new interpreter's main process has it: no start method chosen, no
+    parent, not daemonic, named MainProcess, started in ``cwd`` (the fields ``_MainProcess``
+    sets; the class itself is deleted after use)."""
+    process = multiprocessing.process
+    main: Any = process.current_process()
+    main._identity, main._name, main._parent_pid, main._popen = (), "MainProcess", None, None
+    main._config = {"authkey": process.AuthenticationString(os.urandom(32)), "semprefix": "/mp"}
+    process._parent_process = None  # type: ignore[attr-defined]
+    process.ORIGINAL_DIR = cwd  # type: ignore[attr-defined]
+    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
 
 
 def _exit_status(code: object) -> int:
@@ -89,58 +118,89 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _execute(request: _Request) -> int:
+def _main_module() -> dict[str, Any]:
+    """The ``__main__`` module the interpreter makes for ``-c`` code; its namespace."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__spec__=None, __loader__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def _run(request: _Request) -> None:
     first, *rest = request.argv
+    if first == "-m":
+        module, *args = rest
+        sys.argv = ["-m", *args]
+        sys.path[:] = [os.getcwd(), *request.sys_path]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    elif first == "-c":
+        code, *args = rest
+        sys.argv = ["-c", *args]
+        sys.path[:] = ["", *request.sys_path]
+        exec(compile(code, "<string>", "exec"), _main_module())
+    else:
+        sys.argv = [first, *rest]
+        sys.path[:] = [os.path.dirname(os.path.realpath(first)), *request.sys_path]
+        runpy.run_path(first, run_name="__main__")
+
+
+def _execute(request: _Request) -> int:
     try:
-        if first == "-m":
-            module, *args = rest
-            sys.argv = ["-m", *args]
-            sys.path[:] = [request.cwd, *request.sys_path]
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        elif first == "-c":
-            code, *args = rest
-            sys.argv = ["-c", *args]
-            sys.path[:] = ["", *request.sys_path]
-            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
-        else:
-            sys.argv = [first, *rest]
-            sys.path[:] = [os.path.dirname(os.path.realpath(first)), *request.sys_path]
-            runpy.run_path(first, run_name="__main__")
+        _run(request)
     except SystemExit as exit:
         return _exit_status(exit.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        return -signal.SIGINT
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         return 1
     return 0
 
 
-def _child(request: _Request) -> None:
-    """The server's child: becomes the run, then exits as an interpreter would."""
-    os.environ.clear()
-    os.environ.update(request.env)
-    os.chdir(request.cwd)
-    _redirect(request)
-    status = _execute(request)
+def _exit(status: int) -> None:
+    """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, what the run
+    left unreferenced collected (files closed and flushed), streams flushed; an interrupt ends by
+    SIGINT."""
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
+    sys.modules.pop("__main__", None)
+    gc.collect()
     sys.stdout.flush()
     sys.stderr.flush()
+    if status == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
 
 
-_SERVER_ENV: dict[str, str] = {}
+def _child(request: _Request) -> None:
+    """The server's child: becomes the run, then exits as an interpreter would."""
+    _redirect(request)
+    os.environ.clear()
+    os.environ.update(request.env)
+    os.chdir(request.cwd)
+    _as_main_process(request.cwd)
+    if "numpy" in sys.modules:  # a new interpreter seeds numpy's global generator at import
+        sys.modules["numpy"].random.seed()
+    _exit(_execute(request))
+
+
+_server: dict[str, Any] = {"pid": None, "env": {}}
 
 
 def _context() -> multiprocessing.context.ForkServerContext:
-    """The forkserver context, its server started with PRELOAD imported and one OpenMP thread."""
+    """The forkserver context, its server (started again if it died) running with PRELOAD
+    imported and one OpenMP thread; the environment it started with in ``_server``."""
     context = multiprocessing.get_context("forkserver")
-    if _SERVER_ENV:
-        return context
     context.set_forkserver_preload(PRELOAD)
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = THREADS
     try:
         multiprocessing.forkserver.ensure_running()
-        _SERVER_ENV.update(os.environ)
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        if pid != _server["pid"]:
+            _server.update(pid=pid, env=dict(os.environ))
     finally:
         if saved is None:
             del os.environ["OMP_NUM_THREADS"]
@@ -149,25 +209,26 @@ def _context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
-def _read_at_import(env: Mapping[str, str]) -> list[str]:
-    """The variables of AT_IMPORT that ``env`` sets otherwise than the server."""
-    _context()
-    names = {name for name in [*env, *_SERVER_ENV] if name.startswith(AT_IMPORT)} - READ_AT_RUN
-    return sorted(name for name in names if env.get(name) != _SERVER_ENV.get(name))
+def _set_at_start(env: Mapping[str, str]) -> list[str]:
+    """The variables of AT_START that ``env`` sets otherwise than the server."""
+    server: dict[str, str] = _server["env"]
+    names = {name for name in [*env, *server] if name.startswith(AT_START)} - READ_LATER
+    return sorted(name for name in names if env.get(name) != server.get(name))
 
 
 _FRESH_PATHS: dict[str, tuple[str, ...]] = {}
 
 
 def _fresh_sys_path(env: Mapping[str, str], cwd: str) -> tuple[str, ...]:
-    """``sys.path`` after its first entry in a new interpreter with ``env``'s PYTHONPATH."""
-    key = env.get("PYTHONPATH", "")
+    """``sys.path`` after its first entry in a new interpreter with ``env``'s PYTHONPATH (its
+    entries made absolute from ``cwd``, as the interpreter's start-up does)."""
+    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+    key = os.pathsep.join(os.path.join(cwd, entry) for entry in entries)
     if key not in _FRESH_PATHS:
+        fresh_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         printed = subprocess.run(
             [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
-            env={**env, "PYTHONPATH": key}
-            if key
-            else {k: v for k, v in env.items() if k != "PYTHONPATH"},
+            env={**fresh_env, "PYTHONPATH": key} if key else fresh_env,
             cwd=cwd,
             capture_output=True,
             text=True,
@@ -178,7 +239,8 @@ def _fresh_sys_path(env: Mapping[str, str], cwd: str) -> tuple[str, ...]:
 
 
 class Started:
-    """A warm run, with the parts of ``subprocess.Popen`` the tests use."""
+    """A warm run, with the parts of ``subprocess.Popen`` the tests use. The test process ends
+    it (SIGTERM) if it is still running when the test process exits."""
 
     def __init__(self, argv: Sequence[str], request: _Request, scratch: str) -> None:
         self.args = list(argv)
@@ -186,6 +248,9 @@ class Started:
         self._scratch = scratch
         weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
         self._process = _context().Process(target=_child, args=(request,), name="warm")
+        # Daemonic: multiprocessing terminates it at the test process's exit instead of waiting
+        # for it. The run itself is a main process again (_as_main_process).
+        self._process.daemon = True
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]
         self._output: tuple[str, str | None] | None = None
@@ -200,27 +265,35 @@ class Started:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self.returncode is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0, *self._read())
         return self.returncode
+
+    def _read(self) -> tuple[str, str | None]:
+        stderr = self._request.stderr
+        return (
+            Path(self._request.stdout).read_text(errors="replace"),
+            None if stderr is None else Path(stderr).read_text(errors="replace"),
+        )
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         """Waits for the exit; (stdout, stderr), stderr None when it went into stdout."""
         self.wait(timeout)
         if self._output is None:
-            stderr = self._request.stderr
-            self._output = (
-                Path(self._request.stdout).read_text(errors="replace"),
-                None if stderr is None else Path(stderr).read_text(errors="replace"),
-            )
+            self._output = self._read()
             shutil.rmtree(self._scratch, ignore_errors=True)
         return self._output
 
     def send_signal(self, signal: int) -> None:
-        if self.returncode is None:
+        if self.poll() is None:
             os.kill(self.pid, signal)
 
     def kill(self) -> None:
-        self._process.kill()
+        self.send_signal(signal.SIGKILL)
+
+    @property
+    def sentinel(self) -> int:
+        """Ready when the run has ended (``multiprocessing.connection.wait``)."""
+        return self._process.sentinel
 
 
 def start(
@@ -231,21 +304,31 @@ def start(
     stderr_into_stdout: bool = False,
 ) -> Started:
     """Starts ``argv`` (``[sys.executable, "-m", MODULE, ...]``, ``[sys.executable, "-c", CODE,
-    ...]`` or ``[sys.executable, SCRIPT, ...]``) warm. ValueError for another program, or an
-    environment whose AT_IMPORT variables differ from the server's (OMP_NUM_THREADS=1)."""
-    if not argv or argv[0] != sys.executable or len(argv) < 2:
+    ...]`` or ``[sys.executable, "/ABSOLUTE/SCRIPT", ...]``) warm. ValueError for another
+    program, an interpreter option, a relative script path, or an environment whose AT_START
+    variables differ from the server's (which has OMP_NUM_THREADS=1)."""
+    if len(argv) < 2 or argv[0] != sys.executable:
         raise ValueError(f"warm runs start this interpreter with a script, -m or -c: {argv!r}")
-    if differ := _read_at_import(env):
-        raise ValueError(f"warm runs inherit what torch reads at import; the run sets {differ}")
-    workdir = os.path.abspath(cwd or os.getcwd())
+    first = argv[1]
+    if first.startswith("-") and first not in ("-m", "-c"):
+        raise ValueError(f"warm runs take no interpreter option but -m or -c: {first!r}")
+    if not first.startswith("-") and not os.path.isabs(first):
+        raise ValueError(f"warm runs take a script by its absolute path: {first!r}")
+    _context()
+    if differ := _set_at_start(env):
+        raise ValueError(f"warm runs inherit what is read at start; the run sets {differ}")
+    workdir = os.path.realpath(cwd or os.getcwd())
     scratch = tempfile.mkdtemp(prefix="warm-")
+    outputs = [os.path.join(scratch, name) for name in ("stdout", "stderr")]
+    for path in outputs:
+        Path(path).touch()
     request = _Request(
         argv=tuple(argv[1:]),
         env=dict(env),
         cwd=workdir,
         sys_path=_fresh_sys_path(env, workdir),
-        stdout=os.path.join(scratch, "stdout"),
-        stderr=None if stderr_into_stdout else os.path.join(scratch, "stderr"),
+        stdout=outputs[0],
+        stderr=None if stderr_into_stdout else outputs[1],
     )
     return Started(argv, request, scratch)
 
@@ -257,20 +340,22 @@ def run(
     cwd: str | os.PathLike[str] | None = None,
     timeout: float,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout)``, warm: killed
-    and TimeoutExpired after ``timeout`` seconds."""
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout)``, warm: killed,
+    and TimeoutExpired with its output so far, after ``timeout`` seconds. Output that is not
+    UTF-8 is decoded with replacement characters."""
     started = start(argv, env=env, cwd=cwd)
     try:
         stdout, stderr = started.communicate(timeout)
-    except subprocess.TimeoutExpired:
-        started.kill()
-        started.wait()
-        raise
+    finally:
+        if started.poll() is None:
+            started.kill()
+            started.wait()
     return subprocess.CompletedProcess(started.args, started.wait(), stdout, stderr)
 
 
 def free_port() -> int:
-    """A TCP port nothing on 127.0.0.1 listens on now."""
+    """A TCP port nothing on 127.0.0.1 listens on now (another process may take it before the
+    caller binds it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -280,8 +365,8 @@ def free_port() -> int:
 def rank_env(
     env: Mapping[str, str], *, rank: int, world: int, per_node: int, port: int
 ) -> dict[str, str]:
-    """``env`` with the variables torchrun gives worker ``rank`` of ``world`` (``per_node`` on
-    each node, the rendezvous store on 127.0.0.1:``port``)."""
+    """``env`` with torchrun's rank variables for worker ``rank`` of ``world`` (``per_node`` on
+    each node; rank 0 hosts the rendezvous store on 127.0.0.1:``port``)."""
     return {
         **env,
         "MASTER_ADDR": "127.0.0.1",
@@ -294,6 +379,26 @@ def rank_env(
     }
 
 
+# How long the other ranks may still run after one failed, before they are killed (torchrun's
+# agent stops the group at once; this leaves time to print why).
+FAILED_RANK_GRACE_S = 10.0
+
+
+def _wait_all(started: list[Started], timeout: float) -> None:
+    """Until every rank has ended, or ``timeout`` seconds have passed, or one failed and the rest
+    have had FAILED_RANK_GRACE_S more; then kills those still running."""
+    deadline = time.monotonic() + timeout
+    while running := [rank for rank in started if rank.poll() is None]:
+        if any(rank.poll() for rank in started):
+            deadline = min(deadline, time.monotonic() + FAILED_RANK_GRACE_S)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        multiprocessing.connection.wait([rank.sentinel for rank in running], left)
+    for rank in started:
+        rank.kill()
+
+
 def run_ranks(
     argv: Sequence[str],
     *,
@@ -303,20 +408,14 @@ def run_ranks(
     cwd: str | os.PathLike[str] | None = None,
     timeout: float,
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Every rank of ``argv`` at once, warm, with torchrun's variables (:func:`rank_env`): what
-    torchrun's workers see, without its agents, which add two torch processes and nothing the
-    tests look at. A rank still running after ``timeout`` seconds is killed with the rest (a rank
-    that died leaves the others waiting in a collective); its status is then -9."""
-    port = free_port()
-    layout = {"world": world, "per_node": per_node or world, "port": port}
+    """Every rank of ``argv`` at once, warm, with torchrun's rank variables (:func:`rank_env`),
+    without its agents (one more torch process each, and a store of their own, which nothing
+    here needs). A rank still running after ``timeout`` seconds, or FAILED_RANK_GRACE_S after
+    another rank failed, is killed (a rank that died can leave the others waiting in a
+    collective); its status is then -9."""
+    layout = {"world": world, "per_node": per_node or world, "port": free_port()}
     started = [start(argv, env=rank_env(env, rank=r, **layout), cwd=cwd) for r in range(world)]
-    deadline = time.monotonic() + timeout
-    try:
-        for rank in started:
-            rank.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for rank in started:
-            rank.kill()
+    _wait_all(started, timeout)
     outputs = [rank.communicate() for rank in started]
     return [
         subprocess.CompletedProcess(rank.args, rank.wait(), out, err)

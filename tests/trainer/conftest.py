@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +31,19 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def launch(trainer_env: dict[str, str]) -> Callable[..., warm.Started]:
+@pytest.fixture
+def launch(trainer_env: dict[str, str]) -> Iterator[Callable[..., warm.Started]]:
     """Starts ``python -m trainer ARGS`` (the ``trn-train`` CLI) warm (tests/warm.py) without
-    waiting."""
+    waiting; what the test left running is killed after it."""
+    started: list[warm.Started] = []
 
     def start(*args: str) -> warm.Started:
-        return warm.start([sys.executable, "-m", "trainer", *args], env=trainer_env)
+        started.append(warm.start([sys.executable, "-m", "trainer", *args], env=trainer_env))
+        return started[-1]
 
-    return start
+    yield start
+    for run in started:
+        run.kill()
 
 
 @pytest.fixture(scope="session")

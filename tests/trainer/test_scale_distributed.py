@@ -29,9 +29,9 @@ LORA = ["--lora-rank", "4", "--lora-targets", "q_proj,v_proj,down_proj"]
 _run = functools.partial(hf_tiny.run_args, lr="3e-3", max_steps=str(STEPS))
 
 # The argument is a list of `trn-train run` command lines, trained in turn in this one launch:
-# the process group stays up between them (a group destroyed and made again in one process
-# waits forever on the rendezvous store). Block.forward is counted so that checkpointed blocks show
-# their recomputation.
+# the process group stays up between them (under torchrun, a group destroyed and made again in
+# one process waits forever on its agent's store). Block.forward is counted so that checkpointed
+# blocks show their recomputation.
 TRAIN_EACH = """
 import json, sys
 from pathlib import Path

@@ -6,8 +6,8 @@ Usage: ``torchrun --nproc-per-node 2 two_rank_worker.py JOBS.json``, or its two 
 with torchrun's variables (tests/trainer/two_ranks.py); JOBS.json maps a job name
 to ``{"kind": ..., "out": DIR, ...}``. Each job writes ``DIR/rank-N.json`` on every rank: its
 results, or ``{"failed": traceback}``, after which the worker stops (the other rank may be waiting
-in a collective). The default process group stays up between jobs: a group destroyed and made
-again in one process waits forever on the rendezvous store.
+in a collective). The default process group stays up between jobs: under torchrun, a group
+destroyed and made again in one process waits forever on its agent's store.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """The suite's one two-rank launch (tests/trainer/two_rank_worker.py, two warm ranks with
-torchrun's variables, tests/warm.py): the data each scenario reads, the jobs, and each job's
-per-rank results for the tests that assert on them."""
+torchrun's rank variables, tests/warm.py): the data each scenario reads, the jobs, and each job's
+per-rank results for the tests that assert on them.
+
+The trainer reads only those variables (trainer/parallel.py), so torchrun's agent adds nothing
+these tests look at; torchrun itself launches ranks in the entrypoint's and node validation's
+tests (tests/trainer/test_entrypoint_precompile.py, test_validate_node.py, test_launch.py) and in
+the preempted two-rank example (tests/examples/example_runs.py)."""
 
 from __future__ import annotations
 
