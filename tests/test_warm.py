@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,13 @@ def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
     fresh_exception, warm_exception = _both([sys.executable, str(exception)], _env(), tmp_path)
     assert warm_exception[:2] == fresh_exception[:2] == (1, "")
     assert warm_exception[2].endswith("KeyError: 'k'\n") and "line 2, in f" in warm_exception[2]
+    # A status of -2 is not an interrupt; a run that closed its stdout keeps its own status.
+    negative, closed = (tmp_path / name for name in ("negative.py", "closed.py"))
+    negative.write_text("raise SystemExit(-2)")
+    closed.write_text("import sys\nsys.stdout.close()\nraise SystemExit(3)")
+    for script, status in ((negative, 254), (closed, 3)):
+        fresh, started = _both([sys.executable, str(script)], _env(), tmp_path)
+        assert started == fresh and fresh[0] == status
 
     wait = tmp_path / "wait.py"
     wait.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)")
@@ -146,17 +154,36 @@ def test_a_run_may_not_change_what_is_read_at_start(tmp_path: Path) -> None:
         warm.start([sys.executable, "x.py"], env=_env())
 
 
-def test_ranks_get_torchruns_variables_and_a_hung_rank_is_killed(tmp_path: Path) -> None:
+# Prints torchrun's rank variables and its generators' seeds; rank 3 hangs, rank FAIL exits 1.
+RANK = """
+import os, sys, time
+import numpy, torch
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+print(*(os.environ[n] for n in names))
+print(torch.initial_seed(), numpy.random.randint(1 << 30))
+if os.environ["RANK"] == sys.argv[1]:
+    raise SystemExit(1)
+if os.environ["RANK"] == "3":
+    time.sleep(60)
+"""
+
+
+def test_ranks_get_torchruns_variables_and_a_hung_rank_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rank = tmp_path / "rank.py"
-    rank.write_text(
-        "import os, time\n"
-        "names = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK')\n"
-        "print(*(os.environ[n] for n in names))\n"
-        "if os.environ['RANK'] == '3':\n"
-        "    time.sleep(60)\n"
-    )
-    done = warm.run_ranks(
-        [sys.executable, str(rank)], env=_env(), world=4, per_node=2, cwd=tmp_path, timeout=3
-    )
-    assert [d.stdout for d in done] == ["0 0 4 2 0\n", "1 1 4 2 0\n", "2 0 4 2 1\n", "3 1 4 2 1\n"]
+    rank.write_text(RANK)
+    argv = [sys.executable, str(rank), "none"]
+    done = warm.run_ranks(argv, env=_env(), world=4, per_node=2, cwd=tmp_path, timeout=3)
+    printed = [d.stdout.splitlines() for d in done]
+    assert [p[0] for p in printed] == ["0 0 4 2 0", "1 1 4 2 0", "2 0 4 2 1", "3 1 4 2 1"]
     assert [d.returncode for d in done] == [0, 0, 0, -signal.SIGKILL]
+    # Each rank's torch and numpy generators are seeded afresh, as in a new interpreter.
+    assert len({p[1].split()[0] for p in printed}) == len({p[1].split()[1] for p in printed}) == 4
+
+    # A failed rank stops the group after the grace period, long before the timeout.
+    monkeypatch.setattr(warm, "FAILED_RANK_GRACE_S", 0.5)
+    begun = time.monotonic()
+    done = warm.run_ranks([*argv[:2], "2"], env=_env(), world=4, cwd=tmp_path, timeout=60)
+    assert [d.returncode for d in done] == [0, 0, 1, -signal.SIGKILL]
+    assert time.monotonic() - begun < 30

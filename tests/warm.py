@@ -13,7 +13,8 @@ handlers run, unreferenced files closed). What differs from a new interpreter:
 - the modules in :data:`PRELOAD` are imported with the server's environment, so a run may not
   set otherwise what they, the interpreter or its native libraries read at start
   (:data:`AT_START`: one OpenMP thread, as the suite's trainer runs have); ValueError if it does;
-- the hash seed is the server's, the same in every run;
+- the hash seed is the server's, the same in every run; a buffered file that a module other than
+  ``__main__`` holds open is not flushed at exit;
 - a test of which modules a command imports needs ``subprocess``.
 """
 
@@ -54,13 +55,14 @@ THREADS = "1"
 # start-up, locale, temporary directory, loader): a run must see the server's values, which it
 # inherits, not others.
 AT_START = (
-    *("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "LD_", "LC_", "LANG"),
-    *("TORCH_LOGS", "TORCH_COMPILE", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "PYTHON"),
-    "TMPDIR",
+    *("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NPY_", "NUMPY_", "LD_", "LC_", "LANG", "TZ"),
+    *("TORCH_LOGS", "TORCH_COMPILE", "TORCH_USE_RTLD_GLOBAL", "TORCHDYNAMO_", "TORCHINDUCTOR_"),
+    *("PYTORCH_", "PYTHON", "TMPDIR", "TEMP", "TMP"),
 )
 # Read when used, not at start: Inductor's cache directory (torch sets it in the test process
-# itself when it first compiles), and what a new interpreter's start-up warm runs do themselves.
-READ_LATER = {"TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "PYTHONUNBUFFERED"}
+# itself when it first compiles), gettext's language list, and what a new interpreter's start-up
+# warm runs do themselves.
+READ_LATER = {"TORCHINDUCTOR_CACHE_DIR", "LANGUAGE", "PYTHONPATH", "PYTHONUNBUFFERED"}
 
 
 @dataclass(frozen=True)
@@ -144,21 +146,22 @@ def _run(request: _Request) -> None:
         runpy.run_path(first, run_name="__main__")
 
 
-def _execute(request: _Request) -> int:
+def _execute(request: _Request) -> tuple[int, bool]:
+    """The run's exit status, and whether an interrupt ended it."""
     try:
         _run(request)
     except SystemExit as exit:
-        return _exit_status(exit.code)
+        return _exit_status(exit.code), False
     except KeyboardInterrupt:
         sys.excepthook(*sys.exc_info())
-        return -signal.SIGINT
+        return 1, True
     except BaseException:
         sys.excepthook(*sys.exc_info())
-        return 1
-    return 0
+        return 1, False
+    return 0, False
 
 
-def _exit(status: int) -> None:
+def _exit(status: int, interrupted: bool) -> None:
     """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, what the run
     left unreferenced collected (files closed and flushed), streams flushed; an interrupt ends by
     SIGINT."""
@@ -166,9 +169,10 @@ def _exit(status: int) -> None:
     atexit._run_exitfuncs()
     sys.modules.pop("__main__", None)
     gc.collect()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if status == -signal.SIGINT:
+    for stream in (sys.stdout, sys.stderr):
+        if not stream.closed:  # the run may have closed it
+            stream.flush()
+    if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
@@ -181,9 +185,10 @@ def _child(request: _Request) -> None:
     os.environ.update(request.env)
     os.chdir(request.cwd)
     _as_main_process(request.cwd)
-    if "numpy" in sys.modules:  # a new interpreter seeds numpy's global generator at import
-        sys.modules["numpy"].random.seed()
-    _exit(_execute(request))
+    # A new interpreter seeds numpy's and torch's global generators at import.
+    sys.modules["numpy"].random.seed()
+    sys.modules["torch"].seed()
+    _exit(*_execute(request))
 
 
 _server: dict[str, Any] = {"pid": None, "env": {}}
@@ -222,8 +227,9 @@ _FRESH_PATHS: dict[str, tuple[str, ...]] = {}
 def _fresh_sys_path(env: Mapping[str, str], cwd: str) -> tuple[str, ...]:
     """``sys.path`` after its first entry in a new interpreter with ``env``'s PYTHONPATH (its
     entries made absolute from ``cwd``, as the interpreter's start-up does)."""
-    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
-    key = os.pathsep.join(os.path.join(cwd, entry) for entry in entries)
+    value = env.get("PYTHONPATH", "")
+    entries = value.split(os.pathsep) if value else []
+    key = os.pathsep.join(os.path.join(cwd, entry) if entry else cwd for entry in entries)
     if key not in _FRESH_PATHS:
         fresh_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         printed = subprocess.run(
@@ -238,9 +244,21 @@ def _fresh_sys_path(env: Mapping[str, str], cwd: str) -> tuple[str, ...]:
     return _FRESH_PATHS[key]
 
 
+_LIVE: weakref.WeakSet[Started] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_live_runs() -> None:
+    """Kills the runs still going when the test process exits. Registered after multiprocessing's
+    own exit function, so it runs first: that one would SIGTERM them and wait without limit for
+    one that keeps running (the trainer checkpoints on SIGTERM)."""
+    for started in list(_LIVE):
+        started.kill()
+
+
 class Started:
-    """A warm run, with the parts of ``subprocess.Popen`` the tests use. The test process ends
-    it (SIGTERM) if it is still running when the test process exits."""
+    """A warm run, with the parts of ``subprocess.Popen`` the tests use. The test process kills
+    it if it is still running when the test process exits."""
 
     def __init__(self, argv: Sequence[str], request: _Request, scratch: str) -> None:
         self.args = list(argv)
@@ -248,10 +266,12 @@ class Started:
         self._scratch = scratch
         weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
         self._process = _context().Process(target=_child, args=(request,), name="warm")
-        # Daemonic: multiprocessing terminates it at the test process's exit instead of waiting
-        # for it. The run itself is a main process again (_as_main_process).
+        # Daemonic, or multiprocessing's exit function would wait for it without limit (and
+        # _kill_live_runs could not run first). The run itself is a main process again
+        # (_as_main_process).
         self._process.daemon = True
         self._process.start()
+        _LIVE.add(self)
         self.pid: int = self._process.pid  # type: ignore[assignment]
         self._output: tuple[str, str | None] | None = None
 
@@ -386,7 +406,7 @@ FAILED_RANK_GRACE_S = 10.0
 
 def _wait_all(started: list[Started], timeout: float) -> None:
     """Until every rank has ended, or ``timeout`` seconds have passed, or one failed and the rest
-    have had FAILED_RANK_GRACE_S more; then kills those still running."""
+    have had FAILED_RANK_GRACE_S more."""
     deadline = time.monotonic() + timeout
     while running := [rank for rank in started if rank.poll() is None]:
         if any(rank.poll() for rank in started):
@@ -395,8 +415,6 @@ def _wait_all(started: list[Started], timeout: float) -> None:
         if left <= 0:
             break
         multiprocessing.connection.wait([rank.sentinel for rank in running], left)
-    for rank in started:
-        rank.kill()
 
 
 def run_ranks(
@@ -414,8 +432,14 @@ def run_ranks(
     another rank failed, is killed (a rank that died can leave the others waiting in a
     collective); its status is then -9."""
     layout = {"world": world, "per_node": per_node or world, "port": free_port()}
-    started = [start(argv, env=rank_env(env, rank=r, **layout), cwd=cwd) for r in range(world)]
-    _wait_all(started, timeout)
+    started: list[Started] = []
+    try:
+        for rank in range(world):
+            started.append(start(argv, env=rank_env(env, rank=rank, **layout), cwd=cwd))
+        _wait_all(started, timeout)
+    finally:
+        for run in started:
+            run.kill()
     outputs = [rank.communicate() for rank in started]
     return [
         subprocess.CompletedProcess(rank.args, rank.wait(), out, err)
