@@ -152,12 +152,9 @@ def _execute(request: _Request) -> tuple[int, bool]:
         _run(request)
     except SystemExit as exit:
         return _exit_status(exit.code), False
-    except KeyboardInterrupt:
+    except BaseException as error:
         sys.excepthook(*sys.exc_info())
-        return 1, True
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        return 1, False
+        return 1, isinstance(error, KeyboardInterrupt)
     return 0, False
 
 
@@ -260,12 +257,18 @@ class Started:
     """A warm run, with the parts of ``subprocess.Popen`` the tests use. The test process kills
     it if it is still running when the test process exits."""
 
-    def __init__(self, argv: Sequence[str], request: _Request, scratch: str) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        request: _Request,
+        scratch: str,
+        context: multiprocessing.context.ForkServerContext,
+    ) -> None:
         self.args = list(argv)
         self._request = request
         self._scratch = scratch
         weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
-        self._process = _context().Process(target=_child, args=(request,), name="warm")
+        self._process = context.Process(target=_child, args=(request,), name="warm")
         # Daemonic, or multiprocessing's exit function would wait for it without limit (and
         # _kill_live_runs could not run first). The run itself is a main process again
         # (_as_main_process).
@@ -334,7 +337,7 @@ def start(
         raise ValueError(f"warm runs take no interpreter option but -m or -c: {first!r}")
     if not first.startswith("-") and not os.path.isabs(first):
         raise ValueError(f"warm runs take a script by its absolute path: {first!r}")
-    _context()
+    context = _context()
     if differ := _set_at_start(env):
         raise ValueError(f"warm runs inherit what is read at start; the run sets {differ}")
     workdir = os.path.realpath(cwd or os.getcwd())
@@ -350,7 +353,7 @@ def start(
         stdout=outputs[0],
         stderr=None if stderr_into_stdout else outputs[1],
     )
-    return Started(argv, request, scratch)
+    return Started(argv, request, scratch, context)
 
 
 def run(
