@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import trn_catalog
+from tests import warm
 from trainer import validate_node
 from trnctl import validation
 
@@ -201,9 +202,7 @@ def test_the_timed_window_runs_the_all_reduce_on_a_lazy_device(
     monkeypatch.setattr(validate_node.time, "perf_counter", clock)
     monkeypatch.setattr(device.Backend, "step_boundary", lambda self: events.append("mark"))
     monkeypatch.setattr(device.Backend, "synchronize", lambda self: events.append("wait"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = warm.free_port()
     for name, value in dict(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     ).items():

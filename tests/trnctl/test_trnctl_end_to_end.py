@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,14 +21,14 @@ pytest.importorskip(
 
 from moto.server import ThreadedMotoServer
 
+from tests import warm
+
 TRNCTL = Path(sys.executable).with_name("trnctl")
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = warm.free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from fake_kube import FakeKube, serve, training_runtime
 from test_trnctl_aws import OUTPUTS
 
 import trn_catalog
+from tests import warm
 from trnctl import jobs, kube
 from trnctl.errors import ExitCode, TrnctlError
 
@@ -223,9 +223,7 @@ def test_submit_errors_are_one_line(
 def test_unreachable_api_server_is_one_line(
     fake: FakeKube, trnctl: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = warm.free_port()
     monkeypatch.setattr(
         kube,
         "describe",
