@@ -3,6 +3,7 @@ has imported torch: a warm run sees what a new interpreter sees, and ends as it 
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -14,11 +15,16 @@ import pytest
 
 from tests import warm
 
-# Prints what a program can see of how it was started (torch's threads where TORCH is set), then
-# exits with the status in argv ("none": SystemExit(None)).
+# Prints what a program can see of how it was started (torch's threads where TORCH is set; a
+# child it forks), then exits with the status in argv ("none": SystemExit(None)).
 PROBE = """
 import json, multiprocessing, os, sys
+from multiprocessing import process, resource_tracker
 main = sys.modules["__main__"]
+tracker = resource_tracker._resource_tracker._fd
+child = multiprocessing.get_context("fork").Process(target=int)
+child.start()
+child.join()
 print(json.dumps({
     "argv": sys.argv,
     "path": sys.path,
@@ -32,6 +38,10 @@ print(json.dumps({
     "process": multiprocessing.current_process().name,
     "parent": repr(multiprocessing.parent_process()),
     "start_method": multiprocessing.get_start_method(allow_none=True),
+    "original_dir": process.ORIGINAL_DIR,
+    "globals": main.__dict__ is globals(),
+    "tracker": tracker,
+    "child": [child.name, child.exitcode],
 }))
 print("to stderr", file=sys.stderr)
 raise SystemExit(None if sys.argv[-1] == "none" else int(sys.argv[-1]))
@@ -67,6 +77,25 @@ def test_a_warm_run_sees_what_a_new_interpreter_sees(tmp_path: Path, form: str) 
     assert fresh[0] == code and '"probe": "seen"' in fresh[1] and "to stderr" in fresh[2]
     assert f'"torch_threads": {int(bool(torch))}' in fresh[1]
     assert '"process": "MainProcess"' in fresh[1]
+    assert '"tracker": null' in fresh[1] and '"child": ["ForkProcess-1", 0]' in fresh[1]
+
+
+def test_a_server_started_again_keeps_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that died is started again with PRELOAD and one OpenMP thread, whatever the test
+    process has set."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    before = warm.run([sys.executable, "-c", "pass"], env=_env(), timeout=60)
+    assert before.returncode == 0
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGKILL)
+    # Dead, and left for the restart check to reap.
+    os.waitid(os.P_PID, server, os.WEXITED | os.WNOWAIT)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    argv = [sys.executable, str(tmp_path / "probe.py"), "0"]
+    done = warm.run(argv, env=_env(TORCH="1"), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and '"torch_threads": 1' in done.stdout
 
 
 def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
@@ -81,24 +110,36 @@ def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
     assert warm_exception[:2] == fresh_exception[:2] == (1, "")
     assert warm_exception[2].endswith("KeyError: 'k'\n") and "line 2, in f" in warm_exception[2]
     # A status of -2 is not an interrupt; a run that closed its stdout keeps its own status.
-    negative, closed = (tmp_path / name for name in ("negative.py", "closed.py"))
+    # An uncaught exception goes to the run's own excepthook.
+    negative, closed, hook = (tmp_path / f"{name}.py" for name in ("negative", "closed", "hook"))
     negative.write_text("raise SystemExit(-2)")
     closed.write_text("import sys\nsys.stdout.close()\nraise SystemExit(3)")
-    for script, status in ((negative, 254), (closed, 3)):
+    hook.write_text("import sys\nsys.excepthook = lambda *e: print('hook', e[0])\nraise KeyError")
+    for script, status in ((negative, 254), (closed, 3), (hook, 1)):
         fresh, started = _both([sys.executable, str(script)], _env(), tmp_path)
         assert started == fresh and fresh[0] == status
 
     wait = tmp_path / "wait.py"
-    wait.write_text("import time\nprint('up', flush=True)\ntime.sleep(60)")
+    wait.write_text(
+        "import os, sys, time\nprint(os.getpid(), file=sys.stderr)\n"
+        "print('up', flush=True)\ntime.sleep(60)"
+    )
     started = warm.start([sys.executable, str(wait)], env=_env(), cwd=tmp_path)
     with pytest.raises(subprocess.TimeoutExpired):
         started.wait(0.2)
     started.send_signal(signal.SIGTERM)
     assert started.wait(30) == -signal.SIGTERM
+    # run() past its timeout: the output so far, and the run killed and gone.
+    with pytest.raises(subprocess.TimeoutExpired) as late:
+        warm.run([sys.executable, str(wait)], env=_env(), cwd=tmp_path, timeout=2)
+    assert late.value.stdout == "up\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(late.value.stderr), 0)
 
 
 # Leaves work to the interpreter's exit: a non-daemon thread, an atexit handler, a file never
-# closed, an interrupt; draws from numpy's global generator.
+# closed (in a reference cycle through the script's globals: a collection alone can lose what it
+# buffered), an interrupt; draws from numpy's global generator.
 AT_EXIT = """
 import atexit, sys, threading, time
 import numpy
@@ -107,6 +148,8 @@ threading.Thread(target=lambda: (time.sleep(0.2), print("thread", flush=True))).
 atexit.register(print, "atexit")
 unclosed = open(sys.argv[1], "w")
 unclosed.write("written")
+def keep():
+    return unclosed
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
 """
@@ -135,7 +178,9 @@ def test_what_an_interpreter_does_at_exit_is_done(tmp_path: Path) -> None:
     assert runs["warm", "return"][3] != runs["warm again", "return"][3]
 
 
-def test_a_run_may_not_change_what_is_read_at_start(tmp_path: Path) -> None:
+def test_a_run_may_not_change_what_is_read_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     probe = [sys.executable, "-c", "pass"]
     with pytest.raises(ValueError, match=r"the run sets \['OMP_NUM_THREADS'\]"):
         warm.start(probe, env={**os.environ, "OMP_NUM_THREADS": "4"})
@@ -143,6 +188,14 @@ def test_a_run_may_not_change_what_is_read_at_start(tmp_path: Path) -> None:
         warm.start(probe, env=_env(TORCH_LOGS="dynamo"))
     with pytest.raises(ValueError, match=r"the run sets \['PYTHONHASHSEED', 'TMPDIR'\]"):
         warm.start(probe, env=_env(PYTHONHASHSEED="1", TMPDIR=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"the run sets \['OMP_NUM_THREADS'\]"):
+        warm.start(probe, env={k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"})
+    # The run checks again against the server it was forked from: here start() holds a wrong
+    # record of the server's environment, as it would of a server started again meanwhile.
+    monkeypatch.setitem(warm._server, "env", {**warm._server["env"], "OMP_NUM_THREADS": "4"})
+    stale = warm.run(probe, env=_env(OMP_NUM_THREADS="4"), timeout=60)
+    assert stale.returncode == 1 and "the run sets ['OMP_NUM_THREADS']" in stale.stderr
+    monkeypatch.undo()
     # What torch reads when it compiles, and what warm runs do as the interpreter would.
     later = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     assert warm.run(probe, env=_env(**later), timeout=60).returncode == 0

@@ -23,12 +23,14 @@ from __future__ import annotations
 import atexit
 import builtins
 import gc
+import importlib.machinery
 import io
 import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.process
+import multiprocessing.resource_tracker
 import os
 import runpy
 import shutil
@@ -108,6 +110,12 @@ def _as_main_process(cwd: str) -> None:
     process._parent_process = None  # type: ignore[attr-defined]
     process.ORIGINAL_DIR = cwd  # type: ignore[attr-defined]
     multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
+    # The forkserver hands its child the test process's resource tracker; a new interpreter
+    # starts its own when it first needs one (its warnings then go to the run's stderr).
+    tracker: Any = multiprocessing.resource_tracker._resource_tracker
+    if tracker._fd is not None:
+        os.close(tracker._fd)
+    tracker._fd = tracker._pid = None
 
 
 def _exit_status(code: object) -> int:
@@ -121,7 +129,8 @@ def _exit_status(code: object) -> int:
 
 
 def _main_module() -> dict[str, Any]:
-    """The ``__main__`` module the interpreter makes for ``-c`` code; its namespace."""
+    """The ``__main__`` module the interpreter makes before it runs a script, ``-m`` module or
+    ``-c`` code; its namespace."""
     main = types.ModuleType("__main__")
     main.__dict__.update(__spec__=None, __loader__=None, __builtins__=builtins)
     sys.modules["__main__"] = main
@@ -129,21 +138,26 @@ def _main_module() -> dict[str, Any]:
 
 
 def _run(request: _Request) -> None:
+    """Runs the request in a new ``__main__``, as the interpreter does for each form (the
+    script's source compiled with its path, the module through runpy's ``python -m`` entry)."""
     first, *rest = request.argv
+    main = _main_module()
     if first == "-m":
         module, *args = rest
         sys.argv = ["-m", *args]
         sys.path[:] = [os.getcwd(), *request.sys_path]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
     elif first == "-c":
         code, *args = rest
         sys.argv = ["-c", *args]
         sys.path[:] = ["", *request.sys_path]
-        exec(compile(code, "<string>", "exec"), _main_module())
+        exec(compile(code, "<string>", "exec"), main)
     else:
         sys.argv = [first, *rest]
         sys.path[:] = [os.path.dirname(os.path.realpath(first)), *request.sys_path]
-        runpy.run_path(first, run_name="__main__")
+        loader = importlib.machinery.SourceFileLoader("__main__", first)
+        main.update(__file__=first, __cached__=None, __loader__=loader)
+        exec(compile(Path(first).read_bytes(), first, "exec"), main)
 
 
 def _execute(request: _Request) -> tuple[int, bool]:
@@ -158,13 +172,26 @@ def _execute(request: _Request) -> tuple[int, bool]:
     return 0, False
 
 
+def _clear(namespace: dict[str, Any]) -> None:
+    """Drops a module's globals in the interpreter's order at exit (``_PyModule_ClearDict``):
+    names with one leading underscore first, then all but ``__builtins__``. A file they held is
+    then closed by its last reference, before the collector could finalize its buffers in
+    another order and lose what it had not written."""
+    for name in [n for n in namespace if n.startswith("_") and not n.startswith("__")]:
+        namespace[name] = None
+    for name in [n for n in namespace if n != "__builtins__"]:
+        namespace[name] = None
+
+
 def _exit(status: int, interrupted: bool) -> None:
-    """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, what the run
-    left unreferenced collected (files closed and flushed), streams flushed; an interrupt ends by
-    SIGINT."""
+    """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, ``__main__``'s
+    globals dropped and what the run left unreferenced collected (files closed and flushed),
+    streams flushed; an interrupt ends by SIGINT."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    sys.modules.pop("__main__", None)
+    main = sys.modules.pop("__main__", None)
+    if main is not None:
+        _clear(vars(main))
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
         if not stream.closed:  # the run may have closed it
@@ -178,6 +205,10 @@ def _exit(status: int, interrupted: bool) -> None:
 def _child(request: _Request) -> None:
     """The server's child: becomes the run, then exits as an interpreter would."""
     _redirect(request)
+    # Checked again against the server this run was forked from, which start() may not have seen
+    # (one that died and was started again in between).
+    if differ := _set_at_start(request.env, os.environ):
+        raise ValueError(f"warm runs inherit what is read at start; the run sets {differ}")
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
@@ -211,9 +242,8 @@ def _context() -> multiprocessing.context.ForkServerContext:
     return context
 
 
-def _set_at_start(env: Mapping[str, str]) -> list[str]:
-    """The variables of AT_START that ``env`` sets otherwise than the server."""
-    server: dict[str, str] = _server["env"]
+def _set_at_start(env: Mapping[str, str], server: Mapping[str, str]) -> list[str]:
+    """The variables of AT_START that ``env`` sets otherwise than the ``server``'s environment."""
     names = {name for name in [*env, *server] if name.startswith(AT_START)} - READ_LATER
     return sorted(name for name in names if env.get(name) != server.get(name))
 
@@ -338,7 +368,7 @@ def start(
     if not first.startswith("-") and not os.path.isabs(first):
         raise ValueError(f"warm runs take a script by its absolute path: {first!r}")
     context = _context()
-    if differ := _set_at_start(env):
+    if differ := _set_at_start(env, _server["env"]):
         raise ValueError(f"warm runs inherit what is read at start; the run sets {differ}")
     workdir = os.path.realpath(cwd or os.getcwd())
     scratch = tempfile.mkdtemp(prefix="warm-")
