@@ -35,6 +35,10 @@ if str(ROOT) not in sys.path:
 from tests.scheduling import pytest_collection_modifyitems  # noqa: E402, F401
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# moto's EC2 backend loads its bundled catalog of public AMIs (thousands per region) at its first
+# call in each mock: about 0.8 CPU-s of a test's time. Neither trnctl nor a test looks an image up
+# in EC2 (node groups take EKS's AMI types), so the catalog stays unloaded.
+os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 
