@@ -25,6 +25,7 @@ tracker = resource_tracker._resource_tracker._fd
 child = multiprocessing.get_context("fork").Process(target=int)
 child.start()
 child.join()
+def annotated(x: int): pass
 print(json.dumps({
     "argv": sys.argv,
     "path": sys.path,
@@ -42,6 +43,8 @@ print(json.dumps({
     "globals": main.__dict__ is globals(),
     "tracker": tracker,
     "child": [child.name, child.exitcode],
+    "annotations": str(annotated.__annotations__),
+    "builtins": type(main.__builtins__).__name__,
 }))
 print("to stderr", file=sys.stderr)
 raise SystemExit(None if sys.argv[-1] == "none" else int(sys.argv[-1]))
@@ -115,7 +118,14 @@ def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
     negative.write_text("raise SystemExit(-2)")
     closed.write_text("import sys\nsys.stdout.close()\nraise SystemExit(3)")
     hook.write_text("import sys\nsys.excepthook = lambda *e: print('hook', e[0])\nraise KeyError")
-    for script, status in ((negative, 254), (closed, 3), (hook, 1)):
+    # Tracebacks start at the run's own code; a syntax error has none; a missing script is
+    # status 2; a directory runs its __main__.py.
+    syntax, app = tmp_path / "syntax.py", tmp_path / "app"
+    syntax.write_text("x = (\n")
+    app.mkdir()
+    (app / "__main__.py").write_text("import sys\nprint(sys.argv[0], __file__, sys.path[0])")
+    cases = [(negative, 254), (closed, 3), (hook, 1), (exception, 1), (syntax, 1), (app, 0)]
+    for script, status in [*cases, (tmp_path / "missing.py", 2)]:
         fresh, started = _both([sys.executable, str(script)], _env(), tmp_path)
         assert started == fresh and fresh[0] == status
 
@@ -150,6 +160,12 @@ unclosed = open(sys.argv[1], "w")
 unclosed.write("written")
 def keep():
     return unclosed
+class Holder:
+    pass
+holder = Holder()
+holder.me = holder
+holder.file = open(sys.argv[1] + ".held", "w")
+holder.file.write("held")
 if sys.argv[2] == "interrupt":
     raise KeyboardInterrupt
 """
@@ -162,17 +178,19 @@ def test_what_an_interpreter_does_at_exit_is_done(tmp_path: Path) -> None:
     for how in ("fresh", "warm", "warm again"):
         for end in ("return", "interrupt"):
             file = tmp_path / f"{how}-{end}.txt"
-            argv = [sys.executable, str(script), str(file), end]
+            head = ["-m", "at_exit"] if how == "warm again" else [str(script)]
+            argv = [sys.executable, *head, str(file), end]
             if how == "fresh":
                 done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
             else:
                 done = warm.run(argv, env=_env(), cwd=tmp_path, timeout=60)
             drawn, *rest = done.stdout.splitlines()
-            runs[how, end] = (done.returncode, rest, file.read_text(), drawn)
+            held = Path(f"{file}.held").read_text()
+            runs[how, end] = (done.returncode, rest, file.read_text() + held, drawn)
             assert done.stderr.endswith("KeyboardInterrupt\n") == (end == "interrupt")
     for end in ("return", "interrupt"):
-        assert runs["warm", end][:3] == runs["fresh", end][:3]
-    assert runs["warm", "return"][:3] == (0, ["thread", "atexit"], "written")
+        assert runs["warm", end][:3] == runs["warm again", end][:3] == runs["fresh", end][:3]
+    assert runs["warm", "return"][:3] == (0, ["thread", "atexit"], "writtenheld")
     assert runs["warm", "interrupt"][0] == -signal.SIGINT
     # numpy's global generator is seeded in each run, as at a new interpreter's import.
     assert runs["warm", "return"][3] != runs["warm again", "return"][3]
@@ -194,7 +212,8 @@ def test_a_run_may_not_change_what_is_read_at_start(
     # record of the server's environment, as it would of a server started again meanwhile.
     monkeypatch.setitem(warm._server, "env", {**warm._server["env"], "OMP_NUM_THREADS": "4"})
     stale = warm.run(probe, env=_env(OMP_NUM_THREADS="4"), timeout=60)
-    assert stale.returncode == 1 and "the run sets ['OMP_NUM_THREADS']" in stale.stderr
+    message = "warm: the server this run was forked from has OMP_NUM_THREADS: '1', the run '4'"
+    assert stale.returncode == 1 and message in stale.stderr
     monkeypatch.undo()
     # What torch reads when it compiles, and what warm runs do as the interpreter would.
     later = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
@@ -240,3 +259,15 @@ def test_ranks_get_torchruns_variables_and_a_hung_rank_is_killed(
     done = warm.run_ranks([*argv[:2], "2"], env=_env(), world=4, cwd=tmp_path, timeout=60)
     assert [d.returncode for d in done] == [0, 0, 1, -signal.SIGKILL]
     assert time.monotonic() - begun < 30
+
+
+def test_a_runs_resource_tracker_reports_on_its_stderr(tmp_path: Path) -> None:
+    """A run's own resource tracker reports what the run leaked before the run is over."""
+    leak = tmp_path / "leak.py"
+    leak.write_text(
+        "from multiprocessing import shared_memory\nshared_memory.SharedMemory(create=True, size=8)"
+    )
+    for _ in range(3):
+        fresh, started = _both([sys.executable, str(leak)], _env(), tmp_path)
+        assert "1 leaked shared_memory objects" in fresh[2]
+        assert started == fresh

@@ -14,7 +14,8 @@ handlers run, unreferenced files closed). What differs from a new interpreter:
   set otherwise what they, the interpreter or its native libraries read at start
   (:data:`AT_START`: one OpenMP thread, as the suite's trainer runs have); ValueError if it does;
 - the hash seed is the server's, the same in every run; a buffered file that a module other than
-  ``__main__`` holds open is not flushed at exit;
+  ``__main__`` holds open is not flushed at exit, and what the server imported is never
+  collected (``gc.freeze``);
 - a test of which modules a command imports needs ``subprocess``.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import gc
 import importlib.machinery
 import io
@@ -43,6 +45,7 @@ import threading
 import time
 import types
 import weakref
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,13 +154,27 @@ def _run(request: _Request) -> None:
         code, *args = rest
         sys.argv = ["-c", *args]
         sys.path[:] = ["", *request.sys_path]
-        exec(compile(code, "<string>", "exec"), main)
+        exec(compile(code, "<string>", "exec", dont_inherit=True), main)
+    elif os.path.isdir(first) or zipfile.is_zipfile(first):
+        # A directory or zip file: its __main__ module, found on sys.path[0] (Modules/main.c).
+        sys.argv = [first, *rest]
+        sys.path[:] = [first, *request.sys_path]
+        runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
     else:
         sys.argv = [first, *rest]
         sys.path[:] = [os.path.dirname(os.path.realpath(first)), *request.sys_path]
+        try:
+            source = Path(first).read_bytes()
+        except OSError as error:
+            print(
+                f"{sys.executable}: can't open file {first!r}: [Errno {error.errno}] "
+                f"{error.strerror}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None
         loader = importlib.machinery.SourceFileLoader("__main__", first)
         main.update(__file__=first, __cached__=None, __loader__=loader)
-        exec(compile(Path(first).read_bytes(), first, "exec"), main)
+        exec(compile(source, first, "exec", dont_inherit=True), main)
 
 
 def _execute(request: _Request) -> tuple[int, bool]:
@@ -167,35 +184,35 @@ def _execute(request: _Request) -> tuple[int, bool]:
     except SystemExit as exit:
         return _exit_status(exit.code), False
     except BaseException as error:
-        sys.excepthook(*sys.exc_info())
+        # The traceback from the run's first frame on, as PyErr_Print() has it (and keeps it).
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_code.co_filename == __file__:
+            trace = trace.tb_next
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, trace
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
         return 1, isinstance(error, KeyboardInterrupt)
     return 0, False
 
 
-def _clear(namespace: dict[str, Any]) -> None:
-    """Drops a module's globals in the interpreter's order at exit (``_PyModule_ClearDict``):
-    names with one leading underscore first, then all but ``__builtins__``. A file they held is
-    then closed by its last reference, before the collector could finalize its buffers in
-    another order and lose what it had not written."""
-    for name in [n for n in namespace if n.startswith("_") and not n.startswith("__")]:
-        namespace[name] = None
-    for name in [n for n in namespace if n != "__builtins__"]:
-        namespace[name] = None
-
-
 def _exit(status: int, interrupted: bool) -> None:
-    """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, ``__main__``'s
-    globals dropped and what the run left unreferenced collected (files closed and flushed),
-    streams flushed; an interrupt ends by SIGINT."""
+    """Ends as an interpreter does: non-daemon threads joined, atexit handlers run, ``__main__``
+    dropped and what the run left unreferenced collected (files closed and flushed), streams
+    flushed, the run's own resource tracker stopped; an interrupt ends by SIGINT."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    main = sys.modules.pop("__main__", None)
-    if main is not None:
-        _clear(vars(main))
+    # Py_FinalizeEx collects once with __main__ still imported, then finalize_modules drops the
+    # module (its dict goes with it, or with the cycles it is in) and collects again.
+    gc.collect()
+    sys.last_type = sys.last_value = sys.last_traceback = None  # finalize_modules_delete_special
+    sys.modules.pop("__main__", None)
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
         if not stream.closed:  # the run may have closed it
             stream.flush()
+    # The run's own resource tracker, if it started one, reports leaks on the run's stderr before
+    # the run has ended, as a new interpreter's caller would read them.
+    with contextlib.suppress(ChildProcessError):  # the run may have reaped it itself
+        multiprocessing.resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -208,11 +225,17 @@ def _child(request: _Request) -> None:
     # Checked again against the server this run was forked from, which start() may not have seen
     # (one that died and was started again in between).
     if differ := _set_at_start(request.env, os.environ):
-        raise ValueError(f"warm runs inherit what is read at start; the run sets {differ}")
+        found = "; ".join(
+            f"{n}: {os.environ.get(n)!r}, the run {request.env.get(n)!r}" for n in differ
+        )
+        raise RuntimeError(f"warm: the server this run was forked from has {found}")
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
     _as_main_process(request.cwd)
+    # What the server imported is the run's start-up, not its garbage: collections see the
+    # run's own objects only (and no longer touch, so copy, every page the server left).
+    gc.freeze()
     # A new interpreter seeds numpy's and torch's global generators at import.
     sys.modules["numpy"].random.seed()
     sys.modules["torch"].seed()
@@ -227,19 +250,28 @@ def _context() -> multiprocessing.context.ForkServerContext:
     imported and one OpenMP thread; the environment it started with in ``_server``."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
+    with _one_thread():
+        multiprocessing.forkserver.ensure_running()
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    if pid != _server["pid"]:
+        # Started here or in Process.start(), both with _one_thread().
+        with _one_thread():
+            _server.update(pid=pid, env=dict(os.environ))
+    return context
+
+
+@contextlib.contextmanager
+def _one_thread() -> Any:
+    """The test process's environment with OMP_NUM_THREADS=1, for a server started meanwhile."""
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = THREADS
     try:
-        multiprocessing.forkserver.ensure_running()
-        pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-        if pid != _server["pid"]:
-            _server.update(pid=pid, env=dict(os.environ))
+        yield
     finally:
         if saved is None:
             del os.environ["OMP_NUM_THREADS"]
         else:
             os.environ["OMP_NUM_THREADS"] = saved
-    return context
 
 
 def _set_at_start(env: Mapping[str, str], server: Mapping[str, str]) -> list[str]:
@@ -303,7 +335,8 @@ class Started:
         # _kill_live_runs could not run first). The run itself is a main process again
         # (_as_main_process).
         self._process.daemon = True
-        self._process.start()
+        with _one_thread():  # a server that died since start() looked is started here again
+            self._process.start()
         _LIVE.add(self)
         self.pid: int = self._process.pid  # type: ignore[assignment]
         self._output: tuple[str, str | None] | None = None
