@@ -118,13 +118,20 @@ def test_exit_statuses_and_signals_are_an_interpreters(tmp_path: Path) -> None:
     negative.write_text("raise SystemExit(-2)")
     closed.write_text("import sys\nsys.stdout.close()\nraise SystemExit(3)")
     hook.write_text("import sys\nsys.excepthook = lambda *e: print('hook', e[0])\nraise KeyError")
+    # A hook that raises: both exceptions printed, as PyErr_Print() does.
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nsys.excepthook = lambda *e: 1 / 0\nraise KeyError")
+    # Zip's end-of-directory signature in a plain script does not make it an application.
+    signed = tmp_path / "signed.py"
+    signed.write_text("# PK\x05\x06\nprint('a script')")
     # Tracebacks start at the run's own code; a syntax error has none; a missing script is
     # status 2; a directory runs its __main__.py.
     syntax, app = tmp_path / "syntax.py", tmp_path / "app"
     syntax.write_text("x = (\n")
     app.mkdir()
     (app / "__main__.py").write_text("import sys\nprint(sys.argv[0], __file__, sys.path[0])")
-    cases = [(negative, 254), (closed, 3), (hook, 1), (exception, 1), (syntax, 1), (app, 0)]
+    cases = [(negative, 254), (closed, 3), (hook, 1), (broken, 1), (exception, 1), (syntax, 1)]
+    cases += [(app, 0), (signed, 0)]
     for script, status in [*cases, (tmp_path / "missing.py", 2)]:
         fresh, started = _both([sys.executable, str(script)], _env(), tmp_path)
         assert started == fresh and fresh[0] == status

@@ -14,8 +14,9 @@ handlers run, unreferenced files closed). What differs from a new interpreter:
   set otherwise what they, the interpreter or its native libraries read at start
   (:data:`AT_START`: one OpenMP thread, as the suite's trainer runs have); ValueError if it does;
 - the hash seed is the server's, the same in every run; a buffered file that a module other than
-  ``__main__`` holds open is not flushed at exit, and what the server imported is never
-  collected (``gc.freeze``);
+  ``__main__`` holds open is not flushed at exit; what the server imported is frozen
+  (``gc.freeze``): never collected, so a cycle of it that the run drops stays, and left out of
+  ``gc.get_objects()`` and ``gc.get_referrers()``;
 - a test of which modules a command imports needs ``subprocess``.
 """
 
@@ -34,6 +35,7 @@ import multiprocessing.forkserver
 import multiprocessing.process
 import multiprocessing.resource_tracker
 import os
+import pkgutil
 import runpy
 import shutil
 import signal
@@ -45,7 +47,6 @@ import threading
 import time
 import types
 import weakref
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,8 +156,9 @@ def _run(request: _Request) -> None:
         sys.argv = ["-c", *args]
         sys.path[:] = ["", *request.sys_path]
         exec(compile(code, "<string>", "exec", dont_inherit=True), main)
-    elif os.path.isdir(first) or zipfile.is_zipfile(first):
-        # A directory or zip file: its __main__ module, found on sys.path[0] (Modules/main.c).
+    elif pkgutil.get_importer(first) is not None:
+        # A directory or zip file: its __main__ module, found on sys.path[0] (Modules/main.c asks
+        # the path hooks, which take no other file).
         sys.argv = [first, *rest]
         sys.path[:] = [first, *request.sys_path]
         runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
@@ -177,6 +179,29 @@ def _run(request: _Request) -> None:
         exec(compile(source, first, "exec", dont_inherit=True), main)
 
 
+def _own(trace: types.TracebackType | None) -> types.TracebackType | None:
+    """``trace`` from the run's first frame on: without warm.py's frames that called it."""
+    while trace is not None and trace.tb_frame.f_code.co_filename == __file__:
+        trace = trace.tb_next
+    return trace
+
+
+def _report(error: BaseException) -> None:
+    """What PyErr_Print() does with an uncaught exception: ``sys.last_*`` set, the excepthook
+    called, and both exceptions printed if the hook itself raises."""
+    trace = _own(error.__traceback__)
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, trace
+    try:
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+    except BaseException as failed:
+        # PyErr_Display prints the exception's own __traceback__, whatever it is passed.
+        hook_trace = _own(failed.__traceback__)
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(failed), failed.with_traceback(hook_trace), hook_trace)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(error), error, trace)
+
+
 def _execute(request: _Request) -> tuple[int, bool]:
     """The run's exit status, and whether an interrupt ended it."""
     try:
@@ -184,14 +209,12 @@ def _execute(request: _Request) -> tuple[int, bool]:
     except SystemExit as exit:
         return _exit_status(exit.code), False
     except BaseException as error:
-        # The traceback from the run's first frame on, as PyErr_Print() has it (and keeps it).
-        trace = error.__traceback__
-        while trace is not None and trace.tb_frame.f_code.co_filename == __file__:
-            trace = trace.tb_next
-        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, trace
-        sys.excepthook(type(error), error.with_traceback(trace), trace)
-        return 1, isinstance(error, KeyboardInterrupt)
-    return 0, False
+        uncaught = error
+    else:
+        return 0, False
+    # Reported with nothing being handled, as the interpreter calls the hook.
+    _report(uncaught)
+    return 1, isinstance(uncaught, KeyboardInterrupt)
 
 
 def _exit(status: int, interrupted: bool) -> None:
@@ -211,7 +234,7 @@ def _exit(status: int, interrupted: bool) -> None:
             stream.flush()
     # The run's own resource tracker, if it started one, reports leaks on the run's stderr before
     # the run has ended, as a new interpreter's caller would read them.
-    with contextlib.suppress(ChildProcessError):  # the run may have reaped it itself
+    with contextlib.suppress(OSError):  # the run may have reaped it, or closed its pipe, itself
         multiprocessing.resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
