@@ -275,10 +275,8 @@ def _context() -> multiprocessing.context.ForkServerContext:
     context.set_forkserver_preload(PRELOAD)
     with _one_thread():
         multiprocessing.forkserver.ensure_running()
-    pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-    if pid != _server["pid"]:
-        # Started here or in Process.start(), both with _one_thread().
-        with _one_thread():
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        if pid != _server["pid"]:  # started here or in Process.start(), both with one thread
             _server.update(pid=pid, env=dict(os.environ))
     return context
 
