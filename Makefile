@@ -17,7 +17,10 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := true
 export CDK_DISABLE_CLI_TELEMETRY := true
 export AWS_EC2_METADATA_DISABLED := true
-export PYTHONDONTWRITEBYTECODE := 1
+# Bytecode caches on, even where the machine turns them off: the ~100 Python processes a test run
+# starts then compile each module once, and pytest keeps its rewritten test modules. Templates do
+# not move with them (tests/security/test_gate.py::test_synth_is_deterministic).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: synth test test-xla lint typecheck check bench train-local diagram clean setup
 
