@@ -1,6 +1,6 @@
-"""The eager CPU kernels of the model (RoPE, RMSNorm, SwiGLU and the cross-entropy, with
-backwards of their own) give the values and gradients of the plain ops they stand in for, and
-run where they should."""
+"""The eager CPU kernels of the model (RoPE, RMSNorm, SwiGLU with and without its projections,
+and the cross-entropy, with backwards of their own) give the values and gradients of the plain
+ops they stand in for, and run where they should."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer import data, model, parallel
+from trainer import data, lora, model, parallel
 from trainer.config import ModelConfig
 
 
@@ -76,6 +76,39 @@ def test_swiglu_matches_the_plain_product_and_its_gradient() -> None:
     assert torch.autograd.gradcheck(model._SwiGLUFunction.apply, (h,))
 
 
+def test_gated_up_matches_the_plain_projections_and_their_gradients() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, 6, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 5, 8, dtype=torch.float64)
+
+    ours = model._GatedUpFunction.apply(x, w)
+    ours_grads = torch.autograd.grad(ours, (x, w), grad)
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    plain = F.silu(gate) * up
+    plain_grads = torch.autograd.grad(plain, (x, w), grad)
+
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-12)
+    for a, b in zip(ours_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(model._GatedUpFunction.apply, (x, w))
+
+
+def test_gated_up_computes_only_the_gradients_asked_for() -> None:
+    """A frozen weight (LoRA's base) gets no gradient, and the input's is still right."""
+    torch.manual_seed(0)
+    x = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, 6, dtype=torch.float64)
+    grad = torch.randn(7, 8, dtype=torch.float64)
+
+    (ours,) = torch.autograd.grad(model._GatedUpFunction.apply(x, w), (x,), grad)
+    gate, up = F.linear(x, w).chunk(2, dim=-1)
+    (plain,) = torch.autograd.grad(F.silu(gate) * up, (x,), grad)
+
+    torch.testing.assert_close(ours, plain, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: model._GatedUpFunction.apply(t, w), (x,))
+
+
 def _ours_and_plain_cross_entropy(
     targets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,17 +171,31 @@ def test_the_model_uses_swiglu_and_cross_entropy_kernels_in_eager_cpu_fp32() -> 
     idx = torch.randint(0, 32, (2, 8))
 
     assert "_CrossEntropyFunction" in type(gpt(idx, idx).grad_fn).__name__
-    assert "_SwiGLUFunction" in seen[0]
+    assert "_GatedUpFunction" in seen[-1]
+    # A LoRA adapter on the up projection: its own forward, then the SwiGLU kernel.
+    lora.apply(gpt, cfg, lora.LoraSpec(2, 2.0, ("up_proj",)))
+    gpt(idx, idx)
+    assert "_SwiGLUFunction" in seen[-1]
     assert "_CrossEntropyFunction" not in type(gpt.double()(idx, idx).grad_fn).__name__
+    assert "Function" not in seen[-1]
 
 
-@pytest.mark.parametrize(("tied", "checkpointed"), [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize(
+    ("tied", "checkpointed", "adapted"),
+    [
+        (True, False, ()),
+        (False, False, ()),
+        (False, True, ()),
+        (False, False, lora.DEFAULT_TARGETS),
+        (False, False, ("gate_proj", "down_proj")),
+    ],
+)
 def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
-    monkeypatch: pytest.MonkeyPatch, tied: bool, checkpointed: bool
+    monkeypatch: pytest.MonkeyPatch, tied: bool, checkpointed: bool, adapted: tuple[str, ...]
 ) -> None:
     """The whole model, kernels on and off, same weights and tokens (a third of the targets
     ignored): the logits' gradient written over the logits in place must not reach any other
-    gradient."""
+    gradient. With LoRA adapters (``adapted``), the frozen base weights get none."""
     cfg = ModelConfig(
         n_layer=2,
         n_head=2,
@@ -162,6 +209,11 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
     gpt = model.GPT(cfg)
     if checkpointed:
         parallel.checkpoint_blocks(gpt)
+    if adapted:
+        lora.apply(gpt, cfg, lora.LoraSpec(2, 4.0, adapted))
+        for name, p in gpt.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p)
     idx = torch.randint(0, 64, (3, 16))
     targets = torch.randint(0, 64, (3, 16))
     targets[:, ::3] = data.IGNORE_INDEX
@@ -170,7 +222,9 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
         gpt.zero_grad(set_to_none=True)
         loss = gpt(idx, targets)
         loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in gpt.named_parameters()}
+        grads = {n: p.grad for n, p in gpt.named_parameters()}
+        assert all((g is None) == (bool(adapted) and "lora_" not in n) for n, g in grads.items())
+        return loss.detach(), {n: g.clone() for n, g in grads.items() if g is not None}
 
     kernel_loss, kernel_grads = loss_and_grads()
     monkeypatch.setattr(model, "_eager_on", lambda x, devices: False)

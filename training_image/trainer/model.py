@@ -203,10 +203,24 @@ class Attention(nn.Module):
         return out
 
 
+def _swiglu_backward(
+    grad: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    grad_gate: torch.Tensor,
+    grad_up: torch.Tensor,
+) -> None:
+    """Writes the gradients of ``silu(gate) * up`` into ``grad_gate`` and ``grad_up``."""
+    torch.mul(grad, up, out=grad_gate)
+    torch.ops.aten.silu_backward.grad_input(grad_gate, gate, grad_input=grad_gate)
+    torch.ops.aten.silu.out(gate, out=grad_up).mul_(grad)
+
+
 class _SwiGLUFunction(torch.autograd.Function):
     """``silu(gate) * up`` of the two halves of ``h``, saving ``h`` alone (autograd would also
     keep ``silu(gate)``). The backward writes both halves' gradients straight into one tensor
-    shaped like ``h``: no temporaries and no concatenation of the halves' gradients."""
+    shaped like ``h``: no temporaries and no concatenation of the halves' gradients. For an
+    ``up`` projection that is not a plain linear layer (a LoRA adapter's)."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
@@ -218,13 +232,46 @@ class _SwiGLUFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         (h,) = ctx.saved_tensors
-        gate, up = h.chunk(2, dim=-1)
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-        grad_gate, grad_up = out.chunk(2, dim=-1)
-        torch.mul(grad, up, out=grad_gate)
-        torch.ops.aten.silu_backward.grad_input(grad_gate, gate, grad_input=grad_gate)
-        torch.ops.aten.silu.out(gate, out=grad_up).mul_(grad)
+        _swiglu_backward(grad, *h.chunk(2, dim=-1), *out.chunk(2, dim=-1))
         return out
+
+
+class _GatedUpFunction(torch.autograd.Function):
+    """SwiGLU's projections and product in one: ``silu(x @ gate.T) * (x @ up.T)`` for the
+    fused ``[gate; up]`` weight. Each half's product goes to a block of its own, where
+    ``F.linear`` would interleave the halves in each row: on CPU, two products into contiguous
+    blocks and the elementwise passes over them ran a Llama training step about 3% faster
+    (the fine-tuning benchmark's model, interleaved steps in one process). Saves the input and
+    both projections; computes only the gradients asked for (a frozen weight gets none)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        width = weight.shape[0] // 2
+        rows = x.reshape(-1, x.shape[-1])
+        h = torch.empty((2, rows.shape[0], width), dtype=x.dtype, device=x.device)
+        for part, out in zip(weight.chunk(2), h, strict=True):
+            torch.mm(rows, part.t(), out=out)
+        ctx.save_for_backward(x, weight, h)
+        return F.silu(h[0]).mul_(h[1]).view(*x.shape[:-1], width)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        x, weight, h = ctx.saved_tensors
+        width = weight.shape[0] // 2
+        grads = torch.empty_like(h)
+        _swiglu_backward(grad.reshape(-1, width), h[0], h[1], grads[0], grads[1])
+        rows = x.reshape(-1, x.shape[-1])
+        gate, up = weight.chunk(2)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.mm(grads[0], gate).addmm_(grads[1], up).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.empty_like(weight)
+            for part, out in zip(grads, grad_weight.chunk(2), strict=True):
+                torch.mm(part.t(), rows, out=out)
+        return grad_x, grad_weight
 
 
 class MLP(nn.Module):
@@ -236,16 +283,31 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.ffn_width, cfg.d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        if self.swiglu and h.dtype == torch.float32 and _eager_on(h, ("cpu",)):
-            h = _SwiGLUFunction.apply(h)  # type: ignore[no-untyped-call]
-        elif self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+        if not self.swiglu:
+            h = F.gelu(self.up(x), approximate="tanh")
+        elif self._gated_up_kernel(x):
+            h = _GatedUpFunction.apply(x, self.up.weight)  # type: ignore[no-untyped-call]
         else:
-            h = F.gelu(h, approximate="tanh")
+            h = self.up(x)
+            if h.dtype == torch.float32 and _eager_on(h, ("cpu",)):
+                h = _SwiGLUFunction.apply(h)  # type: ignore[no-untyped-call]
+            else:
+                gate, up = h.chunk(2, dim=-1)
+                h = F.silu(gate) * up
         out: torch.Tensor = self.down(h)
         return out
+
+    def _gated_up_kernel(self, x: torch.Tensor) -> bool:
+        """Whether :class:`_GatedUpFunction` stands in for ``up``: a plain linear layer (not a
+        LoRA adapter's) in FP32, eager on CPU, outside autocast."""
+        up = self.up
+        plain = type(up) is nn.Linear and up.bias is None and up.weight.dtype == torch.float32
+        return (
+            plain
+            and x.dtype == torch.float32
+            and _eager_on(x, ("cpu",))
+            and not torch.is_autocast_enabled("cpu")
+        )
 
 
 class Block(nn.Module):
