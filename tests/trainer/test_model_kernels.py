@@ -95,18 +95,24 @@ def test_gated_up_matches_the_plain_projections_and_their_gradients() -> None:
 
 
 def test_gated_up_computes_only_the_gradients_asked_for() -> None:
-    """A frozen weight (LoRA's base) gets no gradient, and the input's is still right."""
+    """A frozen weight (LoRA's base) gets no gradient computed, not merely one autograd drops;
+    the input's is still right. The output may be changed in place, as a product's may."""
     torch.manual_seed(0)
     x = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(16, 6, dtype=torch.float64)
     grad = torch.randn(7, 8, dtype=torch.float64)
 
-    (ours,) = torch.autograd.grad(model._GatedUpFunction.apply(x, w), (x,), grad)
+    out = model._GatedUpFunction.apply(x, w)
+    with torch.no_grad():
+        # The node autograd made is the Function's context: what it saved, what it needs.
+        grad_x, grad_w = model._GatedUpFunction.backward(out.grad_fn, grad)
     gate, up = F.linear(x, w).chunk(2, dim=-1)
     (plain,) = torch.autograd.grad(F.silu(gate) * up, (x,), grad)
 
-    torch.testing.assert_close(ours, plain, rtol=1e-10, atol=1e-12)
+    assert grad_w is None
+    torch.testing.assert_close(grad_x, plain, rtol=1e-10, atol=1e-12)
     assert torch.autograd.gradcheck(lambda t: model._GatedUpFunction.apply(t, w), (x,))
+    model._GatedUpFunction.apply(x, w).mul_(2).sum().backward()
 
 
 def _ours_and_plain_cross_entropy(
@@ -172,12 +178,23 @@ def test_the_model_uses_swiglu_and_cross_entropy_kernels_in_eager_cpu_fp32() -> 
 
     assert "_CrossEntropyFunction" in type(gpt(idx, idx).grad_fn).__name__
     assert "_GatedUpFunction" in seen[-1]
+    # Outside eager FP32 CPU: autocast, and FP64; then FP32 again.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gpt(idx, idx)
+    assert "Function" not in seen[-1]
+    assert "_CrossEntropyFunction" not in type(gpt.double()(idx, idx).grad_fn).__name__
+    assert "Function" not in seen[-1]
+    gpt.float()
+    # A hook on the up projection runs: the kernel, which would skip it, stands aside.
+    calls: list[int] = []
+    hook = block.mlp.up.register_forward_hook(lambda *_: calls.append(1))
+    gpt(idx, idx)
+    assert calls == [1] and "_SwiGLUFunction" in seen[-1]
+    hook.remove()
     # A LoRA adapter on the up projection: its own forward, then the SwiGLU kernel.
     lora.apply(gpt, cfg, lora.LoraSpec(2, 2.0, ("up_proj",)))
     gpt(idx, idx)
     assert "_SwiGLUFunction" in seen[-1]
-    assert "_CrossEntropyFunction" not in type(gpt.double()(idx, idx).grad_fn).__name__
-    assert "Function" not in seen[-1]
 
 
 @pytest.mark.parametrize(
@@ -218,8 +235,17 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
     targets = torch.randint(0, 64, (3, 16))
     targets[:, ::3] = data.IGNORE_INDEX
 
+    mlps: list[str] = []
+    for wrapped in gpt.blocks:
+        block = parallel._inner(wrapped)
+        assert isinstance(block, model.Block)
+        block.mlp.down.register_forward_pre_hook(
+            lambda _, args: mlps.append(type(args[0].grad_fn).__name__)
+        )
+
     def loss_and_grads() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         gpt.zero_grad(set_to_none=True)
+        mlps.clear()
         loss = gpt(idx, targets)
         loss.backward()
         grads = {n: p.grad for n, p in gpt.named_parameters()}
@@ -227,8 +253,15 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
         return loss.detach(), {n: g.clone() for n, g in grads.items() if g is not None}
 
     kernel_loss, kernel_grads = loss_and_grads()
+    # Either half adapted puts a LoRA layer in place of the fused up projection.
+    kernel = "_SwiGLUFunction" if {"gate_proj", "up_proj"} & set(adapted) else "_GatedUpFunction"
+    # Checkpointed blocks run their forward again in the backward.
+    assert len(mlps) == cfg.n_layer * (2 if checkpointed else 1)
+    assert all(kernel in name for name in mlps), mlps
     monkeypatch.setattr(model, "_eager_on", lambda x, devices: False)
     plain_loss, plain_grads = loss_and_grads()
+    assert len(mlps) == cfg.n_layer * (2 if checkpointed else 1)
+    assert not any("Function" in name for name in mlps), mlps
 
     torch.testing.assert_close(kernel_loss, plain_loss, rtol=1e-6, atol=0)
     assert kernel_grads.keys() == plain_grads.keys()
