@@ -251,8 +251,8 @@ class _GatedUpFunction(torch.autograd.Function):
         width = weight.shape[0] // 2
         rows = x.reshape(-1, x.shape[-1])
         h = torch.empty((2, rows.shape[0], width), dtype=x.dtype, device=x.device)
-        for part, out in zip(weight.chunk(2), h, strict=True):
-            torch.mm(rows, part.t(), out=out)
+        for part, block in zip(weight.chunk(2), h, strict=True):
+            torch.mm(rows, part.t(), out=block)
         ctx.save_for_backward(x, weight, h)
         # Written into a tensor of the output's own shape: a view returned from a Function
         # could not be changed in place.
@@ -274,8 +274,8 @@ class _GatedUpFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             rows = x.reshape(-1, x.shape[-1])
             grad_weight = torch.empty_like(weight)
-            for part, out in zip(grads, grad_weight.chunk(2), strict=True):
-                torch.mm(part.t(), rows, out=out)
+            for part, block in zip(grads, grad_weight.chunk(2), strict=True):
+                torch.mm(part.t(), rows, out=block)
         return grad_x, grad_weight
 
 
@@ -307,11 +307,11 @@ class MLP(nn.Module):
         LoRA adapter's) without bias or hooks of its own (the kernel does not call it), in
         FP32, eager on CPU, outside autocast."""
         up = self.up
-        plain = type(up) is nn.Linear and up.bias is None and up.weight.dtype == torch.float32
-        plain = plain and not (up._forward_hooks or up._forward_pre_hooks)
         return (
-            plain
-            and x.dtype == torch.float32
+            type(up) is nn.Linear
+            and up.bias is None
+            and not (up._forward_hooks or up._forward_pre_hooks)
+            and up.weight.dtype == x.dtype == torch.float32
             and _eager_on(x, ("cpu",))
             and not torch.is_autocast_enabled("cpu")
         )
