@@ -6,11 +6,17 @@ the same files.
   over a plain loop (``model(input_ids, labels=input_ids)``, backward, torch's default AdamW,
   zero_grad) on the same Llama config, batch and sequence length, in the same rounds; the median of
   each round's ratio (goal >= 1.1).
+- model_step_vs_transformers_paired: the trainer's model and optimizer (``trainer.hf``,
+  ``trainer.optim``) against the same plain loop, one training step of each in turn in one process,
+  which goes first alternating; the median of the pairs' ratios, with its quartiles. A round above
+  runs each loop for seconds at a different moment, and this machine's speed moves by +-10% between
+  them; the two steps of a pair see nearly the same machine. No goal of its own: it says how far
+  the model's step is from the goal, without the loop's data and metrics.
 - safetensors_load_vs_read: seconds to read every shard's bytes over seconds for the trainer's
   loader to build the model from them (goal >= 0.5: loading costs at most twice a plain read).
   Both read files the page cache already holds.
 
-Usage: python bench/hf_bench.py [--results bench/results.json] [--rounds 5]
+Usage: python bench/hf_bench.py [--results bench/results.json] [--rounds 5] [--pairs 20]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +42,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainer import data, hf, metrics
+from trainer import data, hf, metrics, optim
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -108,22 +115,62 @@ def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
     return float(len(steady) * 2 * BATCH * SEQ_LEN / seconds)
 
 
-def transformers_round(model_dir: Path) -> float:
-    """A plain loop over transformers' model: what a user writes first."""
+def transformers_loop(model_dir: Path) -> tuple[LlamaForCausalLM, torch.optim.AdamW]:
+    """What a user writes first: transformers' model in FP32, torch's default AdamW."""
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.1)
+    return model, opt
+
+
+def transformers_step(model: LlamaForCausalLM, opt: torch.optim.AdamW, ids: torch.Tensor) -> None:
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def transformers_round(model_dir: Path) -> float:
+    """A plain loop over transformers' model."""
+    model, opt = transformers_loop(model_dir)
     batches = [torch.randint(0, LLAMA["vocab_size"], (BATCH, SEQ_LEN + 1)) for _ in range(4)]
     began = 0.0
     for step in range(WARMUP + MEASURED):
         if step == WARMUP:
             began = time.perf_counter()
-        ids = batches[step % 4][:, :SEQ_LEN]
-        model(input_ids=ids, labels=ids).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        transformers_step(model, opt, batches[step % 4][:, :SEQ_LEN])
     return MEASURED * BATCH * SEQ_LEN / (time.perf_counter() - began)
+
+
+def paired_steps(model_dir: Path, pairs: int) -> dict[str, Any]:
+    """Seconds per step of the trainer's model and of transformers', a step of each in turn."""
+    ours = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=SEQ_LEN))
+    ours.train()
+    ours_opt = optim.build(ours, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
+    theirs, theirs_opt = transformers_loop(model_dir)
+    ids = torch.randint(0, LLAMA["vocab_size"], (BATCH, SEQ_LEN + 1))
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def our_step() -> None:
+        ours(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
+        ours_opt.step()
+        ours_opt.zero_grad(set_to_none=True)
+
+    steps: dict[str, Callable[[], None]] = {
+        "ours": our_step,
+        "transformers": lambda: transformers_step(theirs, theirs_opt, x),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for pair in range(WARMUP + pairs):
+        for name in sorted(steps, reverse=pair % 2 == 1):
+            began = time.perf_counter()
+            steps[name]()
+            if pair >= WARMUP:
+                seconds[name].append(time.perf_counter() - began)
+    ratios = [t / o for o, t in zip(seconds["ours"], seconds["transformers"], strict=True)]
+    low, median, high = statistics.quantiles(ratios, n=4)
+    return {"ratio": median, "quartiles": [low, high], "seconds": seconds}
 
 
 def load_vs_read(model_dir: Path, rounds: int) -> dict[str, Any]:
@@ -157,7 +204,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--pairs", type=int, default=20)
     args = p.parse_args()
+    if args.pairs < 2:
+        p.error(f"--pairs: {args.pairs}; a median and quartiles need at least 2 pairs")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = make_model(work, LLAMA, dtype=torch.float32, max_shard_bytes=8 << 20)
@@ -171,12 +221,14 @@ def main() -> int:
                     ours.append(trainer_round(model_dir, data_dir, work))
                 else:
                     theirs.append(transformers_round(model_dir))
+        paired = paired_steps(model_dir, args.pairs)
         big = make_model(work, LOAD_LLAMA, dtype=torch.bfloat16, max_shard_bytes=100 << 20)
         loading = load_vs_read(big, args.rounds)
     per_round = [a / b for a, b in zip(ours, theirs, strict=True)]
     figures = {
         "trainer_vs_transformers_tokens_per_s": statistics.median(per_round),
         "safetensors_load_vs_read": loading["ratio"],
+        "model_step_vs_transformers_paired": paired["ratio"],
     }
     section: dict[str, Any] = {
         **figures,
@@ -186,6 +238,7 @@ def main() -> int:
             "trainer_tokens_per_s": ours,
             "transformers_tokens_per_s": theirs,
             "per_round": per_round,
+            "paired": paired,
             "loading": loading,
             "llama": LLAMA,
             "load_llama": LOAD_LLAMA,
