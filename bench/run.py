@@ -1,6 +1,8 @@
 """`make bench`: every benchmark of the project, each against its baseline in the same run.
 
-Writes bench/results.json (synth and trainer sections).
+Writes bench/results.json (its synth, trainer and fine_tuning sections). Stops at the first
+benchmark that exits non-zero: trainer_bench.py when its nanoGPT figure misses the goal,
+hf_bench.py when either of its figures with a goal does.
 """
 
 from __future__ import annotations
