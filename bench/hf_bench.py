@@ -10,8 +10,11 @@ the same files.
   ``trainer.optim``) against the same plain loop, one training step of each in turn in one process,
   which goes first alternating; the median of the pairs' ratios, with its quartiles. A round above
   runs each loop for seconds at a different moment, and this machine's speed moves by +-10% between
-  them; the two steps of a pair see nearly the same machine. No goal of its own: it says how far
-  the model's step is from the goal, without the loop's data and metrics.
+  them; the two steps of a pair see nearly the same machine (single pairs still range widely, so
+  the median of 20 is good to a few percent). No goal of its own: it says how far the training
+  step (model and optimizer) is from the goal, without the loop's data and metrics. The
+  optimizers are each side's own: the trainer's fused AdamW against torch's default, which on CPU
+  updates one tensor at a time (about a quarter of the gap on the bench's model).
 - safetensors_load_vs_read: seconds to read every shard's bytes over seconds for the trainer's
   loader to build the model from them (goal >= 0.5: loading costs at most twice a plain read).
   Both read files the page cache already holds.
@@ -143,7 +146,9 @@ def transformers_round(model_dir: Path) -> float:
 
 
 def paired_steps(model_dir: Path, pairs: int) -> dict[str, Any]:
-    """Seconds per step of the trainer's model and of transformers', a step of each in turn."""
+    """A training step of the trainer's model and one of transformers', in turn, ``pairs`` times
+    after :data:`WARMUP` pairs: the median of the pairs' ratios (transformers' seconds over
+    ours) as ``ratio``, its quartiles and each loop's seconds per step."""
     ours = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=SEQ_LEN))
     ours.train()
     ours_opt = optim.build(ours, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
@@ -169,7 +174,7 @@ def paired_steps(model_dir: Path, pairs: int) -> dict[str, Any]:
             if pair >= WARMUP:
                 seconds[name].append(time.perf_counter() - began)
     ratios = [t / o for o, t in zip(seconds["ours"], seconds["transformers"], strict=True)]
-    low, median, high = statistics.quantiles(ratios, n=4)
+    low, median, high = statistics.quantiles(ratios, n=4, method="inclusive")
     return {"ratio": median, "quartiles": [low, high], "seconds": seconds}
 
 
@@ -239,6 +244,8 @@ def main() -> int:
             "transformers_tokens_per_s": theirs,
             "per_round": per_round,
             "paired": paired,
+            "rounds": args.rounds,
+            "pairs": args.pairs,
             "loading": loading,
             "llama": LLAMA,
             "load_llama": LOAD_LLAMA,

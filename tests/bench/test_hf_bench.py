@@ -1,11 +1,13 @@
 """The fine-tuning benchmark's paired figure times what it says: a step of each loop in turn."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from bench import hf_bench
+from trainer import hf
 
 TINY = {
     **hf_bench.LLAMA,
@@ -19,7 +21,7 @@ TINY = {
 }
 
 
-def test_paired_steps_time_each_loop_once_per_pair(
+def test_paired_steps_alternate_one_step_of_each_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hf_bench, "LLAMA", TINY)
@@ -27,19 +29,30 @@ def test_paired_steps_time_each_loop_once_per_pair(
     monkeypatch.setattr(hf_bench, "BATCH", 2)
     model = hf_bench.make_model(tmp_path, TINY, dtype=torch.float32, max_shard_bytes=1 << 20)
     steps: list[str] = []
-    transformers_step = hf_bench.transformers_step
+    load_pretrained, transformers_step = hf.load_pretrained, hf_bench.transformers_step
 
-    def counted(*args: object) -> None:
+    def loaded(*args: Any) -> torch.nn.Module:
+        ours: torch.nn.Module = load_pretrained(*args)
+        ours.register_forward_hook(lambda *_: steps.append("ours"))
+        return ours
+
+    def counted(*args: Any) -> None:
         steps.append("transformers")
-        transformers_step(*args)  # type: ignore[arg-type]
+        transformers_step(*args)
 
+    monkeypatch.setattr(hf, "load_pretrained", loaded)
     monkeypatch.setattr(hf_bench, "transformers_step", counted)
 
     paired = hf_bench.paired_steps(model, pairs=3)
 
+    # Two warm-up pairs, then the three timed; which loop goes first alternates.
+    assert hf_bench.WARMUP == 2
+    pair = ["ours", "transformers"]
+    assert steps == [*pair, *pair[::-1], *pair, *pair[::-1], *pair]
     assert {name: len(s) for name, s in paired["seconds"].items()} == {"ours": 3, "transformers": 3}
-    assert steps == ["transformers"] * (hf_bench.WARMUP + 3)
-    low, high = paired["quartiles"]
-    assert low <= paired["ratio"] <= high
-    ratios = [t / o for o, t in zip(*paired["seconds"].values(), strict=True)]
-    assert sorted(ratios)[1] == pytest.approx(paired["ratio"])
+    seconds = paired["seconds"]
+    low, middle, high = sorted(
+        t / o for o, t in zip(seconds["ours"], seconds["transformers"], strict=True)
+    )
+    assert paired["ratio"] == pytest.approx(middle)
+    assert paired["quartiles"] == pytest.approx([(low + middle) / 2, (middle + high) / 2])
