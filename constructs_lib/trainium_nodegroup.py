@@ -103,7 +103,8 @@ class TrainiumNodeGroupProps:
             reservation's). When given, ``subnet`` must be in it wherever its AZ is known at
             synth (a subnet made in the app, or imported with ``availability_zone``). Default
             none: unchecked.
-        instance_type: a type from the instance catalog. Default ``trn3.48xlarge``.
+        instance_type: a type from the instance catalog. Default
+            ``trn_catalog.DEFAULT_INSTANCE_TYPE`` (trn3.48xlarge).
         desired_size: the node count to run. Default 2.
         min_size: the fewest nodes the group scales in to. Default 0 (a group can be emptied,
             e.g. before its Capacity Block starts or after it ends; eks.Nodegroup's default is 1).
@@ -145,7 +146,7 @@ class TrainiumNodeGroupProps:
     cluster: eks.ICluster
     subnet: ec2.ISubnet
     trn_availability_zone: str | None = None
-    instance_type: str = "trn3.48xlarge"
+    instance_type: str = trn_catalog.DEFAULT_INSTANCE_TYPE
     desired_size: int = 2
     min_size: int = 0
     max_size: int | None = None

@@ -10,6 +10,7 @@ from trn_catalog.gpu_instances import (
 )
 from trn_catalog.instances import (
     CATALOG,
+    DEFAULT_INSTANCE_TYPE,
     FACT_FIELDS,
     SOURCES,
     InstanceSpec,
@@ -19,6 +20,7 @@ from trn_catalog.instances import (
 
 __all__ = [
     "CATALOG",
+    "DEFAULT_INSTANCE_TYPE",
     "FACT_FIELDS",
     "GPU_CATALOG",
     "SOURCES",

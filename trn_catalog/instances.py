@@ -235,6 +235,11 @@ CATALOG: Mapping[str, InstanceSpec] = MappingProxyType(
     }
 )
 
+# The platform's default node type, the newest generation. Defaults elsewhere (the app's
+# context, the node group construct, the trainer) name this constant: the trn3 name and layout
+# are not confirmed, so the literal lives only in this catalog.
+DEFAULT_INSTANCE_TYPE = _TRN3_48.name
+
 
 class UnknownInstanceTypeError(KeyError):
     """Raised for an instance type that the catalog does not list; ``catalog_name`` and the known

@@ -1,9 +1,13 @@
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import trn_catalog
+from tests.conftest import ROOT
 from trn_catalog import (
     CATALOG,
     FACT_FIELDS,
@@ -129,3 +133,37 @@ def test_neuron_stack_per_generation() -> None:
     problem = neuron_stacks.stack_problem("native", "trn1n.32xlarge")
     assert problem is not None and "Trainium1" in problem and "NEURON_STACK=xla" in problem
     assert "unknown" in (neuron_stacks.stack_problem("jax", "trn2.48xlarge") or "")
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in ``path`` that is not a docstring."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+def test_trn3_names_live_in_the_catalog_only() -> None:
+    """The trn3 names and layouts are not confirmed (platform-facts): code outside the catalog
+    names them through it (``trn_catalog.DEFAULT_INSTANCE_TYPE``, ``trn_catalog.get``), so a
+    rename is one edit there."""
+    roots = ["app.py", "constructs_lib", "stacks", "platform_config", "trnctl", "training_image"]
+    files = [ROOT / "app.py"] + [p for r in roots[1:] for p in sorted((ROOT / r).rglob("*.py"))]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for path in files
+        for line, text in _code_strings(path)
+        if re.search(r"\btrn3[a-z]*\.[0-9]*x?large", text)
+    ]
+    assert found == []
+    assert trn_catalog.DEFAULT_INSTANCE_TYPE in trn_catalog.CATALOG

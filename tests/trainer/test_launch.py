@@ -106,13 +106,27 @@ def test_a_count_that_agrees_with_the_catalog_is_taken_silently(
     assert capsys.readouterr().err == ""
 
 
-def test_outside_a_job_a_whole_count_is_taken_and_a_word_falls_back_to_the_catalog(
+def test_outside_a_job_a_whole_count_is_taken_and_none_is_one_rank(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert launch.ranks_per_node({"NPROC_PER_NODE": "2"}) == 2  # a CPU run, no instance type
+    assert launch.ranks_per_node({}) == 1
     assert capsys.readouterr().err == ""
-    assert launch.ranks_per_node({"NPROC_PER_NODE": "auto"}) == 64  # trn3.48xlarge
-    assert "not NPROC_PER_NODE=auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("variable", "given"), [("NPROC_PER_NODE", "auto"), ("PET_NPROC_PER_NODE", "0")]
+)
+def test_outside_a_job_a_count_that_is_no_number_is_refused(variable: str, given: str) -> None:
+    """No instance type is guessed: the catalog's count for a type the node may not be would
+    start the wrong number of ranks."""
+    with pytest.raises(
+        ValueError,
+        match=rf"^{variable}='{given}' is not a whole number of ranks, and without "
+        r"TRN_INSTANCE_TYPE the catalog cannot count them: name the node's type in "
+        r"TRN_INSTANCE_TYPE or give a count$",
+    ):
+        launch.ranks_per_node({variable: given})
 
 
 @pytest.mark.parametrize("lnc", ["3", "0", "two"])
@@ -235,7 +249,14 @@ def test_unknown_stack_is_refused() -> None:
     ("env", "problem"),
     [
         ({"NEURON_STACK": "native", "TRN_INSTANCE_TYPE": "trn2.48xlarge"}, None),
-        ({"NEURON_STACK": "native"}, None),  # trn3.48xlarge
+        (
+            {"NEURON_STACK": "native"},
+            r"^the native stack needs the node's Trainium instance type \(the trainer's "
+            r"--instance-type; in the image, TRN_INSTANCE_TYPE, which the platform's pods set\), "
+            r"one of: trn1\.32xlarge, .*trn3\.48xlarge",
+        ),
+        ({"NEURON_STACK": "xla"}, r"^the xla stack needs the node's Trainium instance type"),
+        ({}, None),  # outside the image: nothing to check
         ({"NEURON_STACK": "xla", "TRN_INSTANCE_TYPE": "trn1.32xlarge"}, None),
         (
             {"NEURON_STACK": "native", "TRN_INSTANCE_TYPE": "trn1n.32xlarge"},
@@ -271,7 +292,7 @@ def test_entrypoint_refuses_native_on_trn1_before_starting_torchrun(
 
 
 def test_torchrun_single_node_uses_one_rank_per_logical_core() -> None:
-    argv = launch.torchrun_argv({}, ["--preset", "1b"])
+    argv = launch.torchrun_argv({"TRN_INSTANCE_TYPE": "trn3.48xlarge"}, ["--preset", "1b"])
     # trn3.48xlarge: 128 NeuronCores at logical core size 2.
     assert argv[:3] == ["torchrun", "--nproc-per-node=64", "--standalone"]
     assert argv[3:] == [
@@ -283,6 +304,41 @@ def test_torchrun_single_node_uses_one_rank_per_logical_core() -> None:
         "--preset",
         "1b",
     ]
+
+
+def test_outside_the_platform_no_instance_type_is_named_to_the_trainer() -> None:
+    argv = launch.torchrun_argv({}, ["--preset", "1b"])
+    head = ["torchrun", "--nproc-per-node=1", "--standalone"]
+    assert argv == [*head, "-m", "trainer", "run", "--preset", "1b"]
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"NEURON_STACK": "native"}, "error: the native stack needs the node's Trainium instance"),
+        ({"NPROC_PER_NODE": "auto"}, "error: NPROC_PER_NODE='auto' is not a whole number"),
+    ],
+)
+def test_the_entrypoint_refuses_to_guess_the_node_before_starting_torchrun(
+    env: dict[str, str],
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    for name in ("NEURON_STACK", "TRN_INSTANCE_TYPE", "NPROC_PER_NODE", "PET_NPROC_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torchrun must not start")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launch.subprocess, "run", refuse)
+    assert launch.main(["--preset", "125m"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(error)
 
 
 def test_torchrun_multi_node() -> None:

@@ -199,8 +199,9 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--instance-type",
         default=d.instance_type,
-        help="the node's instance type: the run header's, and the MFU peak per rank (the "
-        "Neuron catalog's, or the GPU catalog's with --device cuda)",
+        help="the node's instance type: the Neuron stack's check and the MFU peak per rank (the "
+        "Neuron catalog's, or the GPU catalog's with --device cuda); required on a Neuron "
+        "device, where the image's entrypoint passes TRN_INSTANCE_TYPE",
     )
     run.add_argument(
         "--fail-on-recompile",

@@ -204,7 +204,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     metrics: str = ""
     log_every: int = 10
-    instance_type: str = "trn3.48xlarge"
+    instance_type: str = ""  # none given: a Neuron device refuses to guess
     fail_on_recompile: bool = False
     progress: bool | None = None
     peak_flops: float = 0.0

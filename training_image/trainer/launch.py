@@ -31,8 +31,6 @@ from trainer import stacks
 from trn_catalog.gpu_instances import GpuInstanceSpec
 from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
 
-# The instance type a job's environment names in TRN_INSTANCE_TYPE, where it names none.
-DEFAULT_INSTANCE_TYPE = "trn3.48xlarge"
 # Where the CUDA image has libfabric (the EFA installer's) and the aws-ofi-nccl plugin that carries
 # NCCL over it (Dockerfile.cuda links the plugin's directory, wherever the installer put it, and
 # puts both on LD_LIBRARY_PATH; without them NCCL uses sockets).
@@ -157,10 +155,15 @@ def job_environment(
 
 def stack_problem(env: Mapping[str, str]) -> str | None:
     """Why the image's stack cannot train on ``TRN_INSTANCE_TYPE``, or None: an unknown
-    ``NEURON_STACK``, or TorchNeuron (native) on Trainium1, which only the xla stack supports."""
+    ``NEURON_STACK``, TorchNeuron (native) on Trainium1, which only the xla stack supports, or
+    an image (``NEURON_STACK`` set) that is not told its node's type: a guess would let the
+    native stack start on Trainium1 and count another type's ranks. Outside an image with no
+    type named there is nothing to check."""
+    if "TRN_INSTANCE_TYPE" not in env and "NEURON_STACK" not in env:
+        return None
     try:
         stack = stacks.of(env)
-        stacks.check_instance(stack, env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
+        stacks.check_instance(stack, env.get("TRN_INSTANCE_TYPE", ""))
     except (ValueError, KeyError) as error:  # KeyError: trn_catalog.UnknownInstanceTypeError
         return str(error)
     return None
@@ -294,11 +297,11 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
     2.3.0 sets the latter to the pod's CPU request (184 on trn2.48xlarge) when the TrainJob names
     no ``numProcPerNode``, or to ``auto`` with GPUs. A contradicting value is overridden with a
     note on stderr. Without ``TRN_INSTANCE_TYPE`` (a run outside the platform, on CPU) a whole
-    ``NPROC_PER_NODE`` is taken as it is; anything else falls back to the catalog's count for
-    trn3.48xlarge, again with a note.
+    ``NPROC_PER_NODE`` is taken as it is, and none means one rank (torchrun's default).
 
     Raises:
-        ValueError: ``NEURON_LOGICAL_NC_CONFIG`` does not divide the type's NeuronCores.
+        ValueError: ``NEURON_LOGICAL_NC_CONFIG`` does not divide the type's NeuronCores, or,
+            without ``TRN_INSTANCE_TYPE``, the rank count is not a whole number (``auto``).
         KeyError: ``TRN_INSTANCE_TYPE`` (or ``TRN_GPU_INSTANCE_TYPE``) is not in its catalog
             (``trn_catalog.UnknownInstanceTypeError``).
     """
@@ -313,11 +316,11 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
                 file=sys.stderr,
             )
         return gpu.gpus
-    if "TRN_INSTANCE_TYPE" not in env and given is not None and given.isdigit() and int(given):
-        return int(given)
+    if "TRN_INSTANCE_TYPE" not in env:
+        return _outside_count(variable, given)
     import trn_catalog
 
-    spec = trn_catalog.get(env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE))
+    spec = trn_catalog.get(env["TRN_INSTANCE_TYPE"])
     lnc_text = env.get("NEURON_LOGICAL_NC_CONFIG", str(spec.default_lnc))
     if not (lnc_text.isdigit() and int(lnc_text) and spec.neuron_cores % int(lnc_text) == 0):
         raise ValueError(
@@ -332,6 +335,19 @@ def ranks_per_node(env: Mapping[str, str]) -> int:
             file=sys.stderr,
         )
     return ranks
+
+
+def _outside_count(variable: str, given: str | None) -> int:
+    """Ranks per node outside the platform, where no instance type says how many."""
+    if given is None:
+        return 1
+    if given.isdigit() and int(given):
+        return int(given)
+    raise ValueError(
+        f"{variable}={given!r} is not a whole number of ranks, and without TRN_INSTANCE_TYPE "
+        "the catalog cannot count them: name the node's type in TRN_INSTANCE_TYPE or give a "
+        "count"
+    )
 
 
 def torchrun_prefix(env: Mapping[str, str], *, shutdown_flag: bool = False) -> list[str]:
@@ -369,10 +385,10 @@ def stack_device_args(env: Mapping[str, str]) -> list[str]:
     return ["--device", stacks.of(env).device] if "NEURON_STACK" in env else []
 
 
-def instance_type(env: Mapping[str, str]) -> str:
-    """The node's instance type for the trainer's ``--instance-type`` (its MFU peak and the run
-    header): the GPU type on a GPU node, else ``TRN_INSTANCE_TYPE`` (default trn3.48xlarge)."""
-    return env.get(GPU_INSTANCE_TYPE_ENV) or env.get("TRN_INSTANCE_TYPE", DEFAULT_INSTANCE_TYPE)
+def instance_type(env: Mapping[str, str]) -> str | None:
+    """The node's instance type for the trainer's ``--instance-type`` (its stack check and MFU
+    peak): the GPU type on a GPU node, else ``TRN_INSTANCE_TYPE``; None outside the platform."""
+    return env.get(GPU_INSTANCE_TYPE_ENV) or env.get("TRN_INSTANCE_TYPE")
 
 
 def torchrun_argv(
@@ -383,12 +399,13 @@ def torchrun_argv(
     command: str = "run",
 ) -> list[str]:
     """:func:`torchrun_prefix` running ``trn-train <command>`` (default ``run``) on the node's
-    :func:`instance_type` with its device (:func:`stack_device_args`); ``train_args`` come last
-    and win."""
+    :func:`instance_type` where there is one, with its device (:func:`stack_device_args`);
+    ``train_args`` come last and win."""
     instance = instance_type(env)
     return [
         *torchrun_prefix(env, shutdown_flag=shutdown_flag),
-        *["-m", "trainer", command, "--instance-type", instance],
+        *["-m", "trainer", command],
+        *(["--instance-type", instance] if instance else []),
         *stack_device_args(env),
         *train_args,
     ]
@@ -476,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_args = list(sys.argv[1:] if argv is None else argv)
     try:
         env = node_environment(os.environ)
+        run = torchrun_argv(env, train_args, shutdown_flag=torchrun_takes_shutdown_timeout())
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -490,5 +508,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = subprocess.run(precompile_argv(env, train_args), env=env, check=False).returncode
         if code:
             return code
-    argv = torchrun_argv(env, train_args, shutdown_flag=torchrun_takes_shutdown_timeout())
-    return _run_forwarding_sigterm(argv, env)
+    return _run_forwarding_sigterm(run, env)

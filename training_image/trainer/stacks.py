@@ -78,11 +78,18 @@ def check_instance(stack: NeuronStack, instance_type: str) -> None:
     the rule is the catalog's (:mod:`trn_catalog.neuron_stacks`).
 
     Raises:
-        ValueError: naming the instance, the stack and the fix.
+        ValueError: naming the instance, the stack and the fix; or no instance type given.
         trn_catalog.UnknownInstanceTypeError: the instance type is not in the catalog.
     """
+    import trn_catalog
     from trn_catalog import neuron_stacks
 
+    if not instance_type:
+        raise ValueError(
+            f"the {stack.name} stack needs the node's Trainium instance type (the trainer's "
+            "--instance-type; in the image, TRN_INSTANCE_TYPE, which the platform's pods set), "
+            f"one of: {', '.join(trn_catalog.CATALOG)}"
+        )
     problem = neuron_stacks.stack_problem(stack.name, instance_type)
     if problem:
         raise ValueError(f"{problem}; TrainingImageProps(neuron_stack=...) sets it")
