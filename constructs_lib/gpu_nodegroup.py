@@ -28,8 +28,9 @@ class GpuNodeGroup(TrainiumNodeGroup):
 
     Everything :class:`TrainiumNodeGroup` sets up (launch template carrying the type, IMDSv2 with
     hop limit 1, no SSH, encrypted gp3 root volume, instance-store RAID0, node auto repair, the
-    EFA security group, placement group for ``on-demand`` only, Capacity Block and ODCR
-    targeting, the replacement-safe name), with: AMI type AL2023_x86_64_NVIDIA (the EKS AMI with
+    MINIMAL update strategy (old nodes go before new ones launch), the EFA security group,
+    placement group for ``on-demand`` only, Capacity Block and ODCR targeting, the
+    replacement-safe name), with: AMI type AL2023_x86_64_NVIDIA (the EKS AMI with
     the NVIDIA driver and container toolkit); the taint ``nvidia.com/gpu=true:NoSchedule``; the
     label ``trn-platform/node-type=gpu``; and the network interfaces EC2 documents for these
     types to save IP addresses: an ENA primary on card 0 device 0, an EFA-only interface on card

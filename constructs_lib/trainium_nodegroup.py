@@ -187,16 +187,20 @@ class TrainiumNodeGroup(Construct):
     AMI type AL2023_x86_64_NEURON; IMDSv2 required with hop limit 1; an encrypted gp3 root
     volume; instance-store NVMe as RAID0 for containerd and kubelet when the type has it; the
     taint ``aws.amazon.com/neuron=true:NoSchedule``; node auto repair on; one node updated at a
-    time; an EFA security group open to itself only. ``on-demand`` adds a cluster placement
-    group; ``capacity-block`` launches into the block (market type capacity-block, node group
-    capacity type CAPACITY_BLOCK, no placement group); ``odcr`` launches into the reservation only.
+    time, under EKS's MINIMAL update strategy; an EFA security group open to itself only.
+    ``on-demand`` adds a cluster placement group; ``capacity-block`` launches into the block
+    (market type capacity-block, node group capacity type CAPACITY_BLOCK, no placement group);
+    ``odcr`` launches into the reservation only.
 
     A Capacity Block group is never updated in place: EKS updates such a group only at desired
     size 0, and a rolling update needs instances the block does not have. Any change to its
     launch template (a new block, type or volume) gives the group a new name, so CloudFormation
     creates a new group and then deletes the old one. Inside one fully used block, scale to 0
     first: the new group's nodes have no room until the old group's are gone. On-demand and odcr
-    groups update their nodes in place, one at a time.
+    groups update their nodes in place, one at a time, each old node terminated before its
+    successor launches (the MINIMAL strategy): EKS's default launches new nodes first, which a
+    fully used reservation or a full placement group has no room for, so the update would fail
+    with NodeCreationFailure and roll back.
 
     Attributes:
         spec: the catalog entry; launch_template; nodegroup; nodegroup_name (a plain string
@@ -357,6 +361,14 @@ class TrainiumNodeGroup(Construct):
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def _nodegroup(self) -> eks.Nodegroup:
+        group = self._new_nodegroup()
+        # eks_v2.Nodegroup (CDK 2.275) has no property for it; CloudFormation's UpdateConfig has.
+        cfn = group.node.default_child
+        assert isinstance(cfn, eks.CfnNodegroup)
+        cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
+        return group
+
+    def _new_nodegroup(self) -> eks.Nodegroup:
         props = self.props
         capacity_type = (
             eks.CapacityType.CAPACITY_BLOCK

@@ -126,6 +126,7 @@ def test_nvidia_ami_taint_labels_and_hardening(
         "trn-platform/capacity": mode,
     }
     assert "RemoteAccess" not in group and "InstanceTypes" not in group
+    assert group["UpdateConfig"] == {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}
     assert group["ScalingConfig"] == {"DesiredSize": 1, "MaxSize": 1, "MinSize": 0}
     tags = {t["Key"]: t["Value"] for t in data["TagSpecifications"][0]["Tags"]}
     assert tags["trn-platform/node-type"] == "gpu"

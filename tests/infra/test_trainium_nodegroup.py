@@ -92,7 +92,8 @@ def test_launch_template_carries_type_imds_and_encrypted_root(
         {"Effect": "NO_SCHEDULE", "Key": "aws.amazon.com/neuron", "Value": "true"}
     ]
     assert group["NodeRepairConfig"] == {"Enabled": True}
-    assert group["UpdateConfig"] == {"MaxUnavailable": 1}
+    # Old nodes go before new ones launch: a reservation or placement group has no spare room.
+    assert group["UpdateConfig"] == {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}
     assert len(group["Subnets"]) == 1
     assert "RemoteAccess" not in group
 
