@@ -21,6 +21,9 @@ MAX_DAYS = 182
 _OFFERING_ID = re.compile(r"^cb-[0-9a-f]{8,32}$")
 PLATFORM = "Linux/UNIX"
 RESERVATION_PLACEHOLDER = "<reservation id printed by trnctl capacity buy --yes>"
+COUNT_PLACEHOLDER = "<the block's instance count>"
+# Where EC2 keeps a Capacity Block's size until it starts (its TotalInstanceCount is 0 till then).
+REQUESTED_QUANTITY_TAG = "aws:ec2capacityreservation:incrementalRequestedQuantity"
 
 
 def duration_hours(days: int) -> int:
@@ -150,11 +153,10 @@ def _offerings(
 
 
 def ultraserver_deploy_flags(
-    *, availability_zone: str, ultraserver_type: str, reservation_ids: list[str]
+    *, region: str, availability_zone: str, ultraserver_type: str, reservation_ids: list[str]
 ) -> str:
     """The ``cdk deploy`` context flags that launch one node group per UltraServer block."""
     spec = ultraservers.get(ultraserver_type)
-    region = availability_zone[:-1]
     return (
         f"-c region={region} -c availability_zone={availability_zone} "
         f"-c instance_type={spec.instance_type} "
@@ -180,10 +182,16 @@ def _utc(moment: datetime) -> datetime:
 
 
 def deploy_flags(
-    *, availability_zone: str, instance_type: str, count: int, reservation_id: str
+    *,
+    region: str,
+    availability_zone: str,
+    instance_type: str,
+    count: int | str,
+    reservation_id: str,
 ) -> str:
-    """The ``cdk deploy`` context flags that launch the trn node group into the block."""
-    region = availability_zone[:-1]
+    """The ``cdk deploy`` context flags that launch the trn node group into the block. The
+    region is the one asked (a zone's name need not be its region's plus a letter: Local Zones
+    are not)."""
     return (
         f"-c region={region} -c availability_zone={availability_zone} "
         f"-c instance_type={instance_type} -c trn_nodes={count} "
@@ -231,6 +239,18 @@ def purchase(ec2: Any, offering_id: str, platform: str = PLATFORM) -> dict[str, 
         CapacityBlockOfferingId=offering_id, InstancePlatform=platform
     )
     return response
+
+
+def block_instance_count(reservation: dict[str, Any]) -> int | None:
+    """How many instances a Capacity Block reservation holds, or None where EC2 says neither:
+    ``TotalInstanceCount``, which EC2 gives as 0 until the block starts, else the count it keeps
+    in the tag :data:`REQUESTED_QUANTITY_TAG` (EC2 User Guide, "View Capacity Blocks")."""
+    total = int(reservation.get("TotalInstanceCount") or 0)
+    if total:
+        return total
+    tags = {tag.get("Key"): tag.get("Value", "") for tag in reservation.get("Tags") or []}
+    requested = tags.get(REQUESTED_QUANTITY_TAG, "")
+    return int(requested) if requested.isdigit() and int(requested) else None
 
 
 def reservations_of(response: dict[str, Any]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ the account in that region actually has.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC
 from enum import StrEnum
 from typing import Any
 
@@ -15,6 +16,7 @@ import trn_catalog
 from trn_catalog import InstanceSpec, ultraservers
 from trn_catalog import devices as device_modes
 from trn_catalog.outputs import EnvironmentOutputs
+from trnctl.capacity import block_instance_count
 
 # "Running On-Demand Trn instances", counted in vCPUs. The code is the one public infrastructure
 # repositories use (docs/platform-facts.md, "Deployment pins"); no AWS page lists it, so the
@@ -218,7 +220,10 @@ def check_quota(quotas: Any, request: Request, vcpus: int | None) -> Check:
 
 def check_reservations(ec2: Any, request: Request) -> Check:
     """Active or scheduled capacity reservations (ODCRs and Capacity Blocks) for the type in the
-    zone. A WARN, not a FAIL, when none covers ``count``: On-Demand capacity may still suffice."""
+    zone: a PASS for an active one with ``count`` free, or a scheduled Capacity Block of at least
+    ``count`` (a node group deployed into it launches when it starts; until then EC2 gives its
+    size only in a tag, :func:`trnctl.capacity.block_instance_count`). A WARN, not a FAIL, when
+    none covers ``count``: On-Demand capacity may still suffice."""
     paginator = ec2.get_paginator("describe_capacity_reservations")
     pages = paginator.paginate(
         Filters=[
@@ -228,16 +233,8 @@ def check_reservations(ec2: Any, request: Request) -> Check:
         ]
     )
     reservations = [r for page in pages for r in page["CapacityReservations"]]
-    summary = "; ".join(
-        f"{r['CapacityReservationId']} {r.get('ReservationType', 'default')} {r['State']} "
-        f"{r['AvailableInstanceCount']}/{r['TotalInstanceCount']} free"
-        for r in reservations
-    )
-    usable = [
-        r
-        for r in reservations
-        if r["State"] == "active" and r["AvailableInstanceCount"] >= request.count
-    ]
+    summary = "; ".join(_reservation_summary(r) for r in reservations)
+    usable = [r for r in reservations if _covers(r, request.count)]
     if usable:
         best = usable[0]
         mode = "capacity-block" if best.get("ReservationType") == "capacity-block" else "odcr"
@@ -254,6 +251,33 @@ def check_reservations(ec2: Any, request: Request) -> Check:
         f"trnctl capacity find --instance-type {request.instance_type} "
         f"--count {request.count} --days 1",
     )
+
+
+def _reservation_summary(reservation: dict[str, Any]) -> str:
+    head = (
+        f"{reservation['CapacityReservationId']} {reservation.get('ReservationType', 'default')} "
+        f"{reservation['State']}"
+    )
+    if reservation["State"] == "scheduled" and reservation.get("ReservationType") == (
+        "capacity-block"
+    ):
+        count = block_instance_count(reservation)
+        start = reservation["StartDate"].astimezone(UTC)
+        return (
+            f"{head}: {'?' if count is None else count} x {reservation['InstanceType']} from "
+            f"{start:%Y-%m-%d %H:%M} UTC"
+        )
+    return (
+        f"{head} {reservation['AvailableInstanceCount']}/{reservation['TotalInstanceCount']} free"
+    )
+
+
+def _covers(reservation: dict[str, Any], count: int) -> bool:
+    if reservation["State"] == "active":
+        return bool(reservation["AvailableInstanceCount"] >= count)
+    if reservation.get("ReservationType") != "capacity-block":
+        return False
+    return (block_instance_count(reservation) or 0) >= count
 
 
 def run(ec2: Any, quotas: Any, request: Request) -> list[Check]:

@@ -183,8 +183,21 @@ def test_dry_run_that_ec2_refuses_reports_the_reason(trnctl: Any, clients: Any, 
     )
 
 
+SIZE_TAG = capacity.REQUESTED_QUANTITY_TAG
+
+
+@pytest.mark.parametrize(
+    ("counts", "nodes"),
+    [
+        # Before a block starts EC2 gives it 0 instances and keeps its size in a tag (EC2 User
+        # Guide, "View Capacity Blocks"); a purchase answers before the start.
+        ({"TotalInstanceCount": 0, "Tags": [{"Key": SIZE_TAG, "Value": "2"}]}, "2"),
+        ({"TotalInstanceCount": 2, "AvailableInstanceCount": 2}, "2"),
+        ({"TotalInstanceCount": 0}, capacity.COUNT_PLACEHOLDER),
+    ],
+)
 def test_buy_with_yes_purchases_and_prints_the_exact_deploy_flags(
-    trnctl: Any, clients: Any, stub: Any
+    trnctl: Any, clients: Any, stub: Any, counts: dict[str, Any], nodes: str
 ) -> None:
     ec2 = stub(clients("ec2"))
     ec2.add_response(
@@ -194,11 +207,10 @@ def test_buy_with_yes_purchases_and_prints_the_exact_deploy_flags(
                 "CapacityReservationId": "cr-0123456789abcdef0",
                 "InstanceType": "trn2.48xlarge",
                 "AvailabilityZone": "us-east-2b",
-                "TotalInstanceCount": 2,
-                "AvailableInstanceCount": 2,
-                "State": "scheduled",
+                "State": "payment-pending",
                 "ReservationType": "capacity-block",
                 "StartDate": START,
+                **counts,
             }
         },
         {"CapacityBlockOfferingId": "cb-0bbbbbbbbbbbbbbbb", "InstancePlatform": "Linux/UNIX"},
@@ -207,13 +219,29 @@ def test_buy_with_yes_purchases_and_prints_the_exact_deploy_flags(
     run = trnctl("capacity", "buy", "cb-0bbbbbbbbbbbbbbbb", "--yes")
 
     assert run.exit_code == 0, run.stderr
-    assert "bought cb-0bbbbbbbbbbbbbbbb: reservation cr-0123456789abcdef0" in run.stdout
+    shown = "?" if nodes == capacity.COUNT_PLACEHOLDER else nodes
+    assert (
+        f"bought cb-0bbbbbbbbbbbbbbbb: reservation cr-0123456789abcdef0, {shown} x trn2.48xlarge "
+        "in us-east-2b"
+    ) in run.stdout
     assert (
         "deploy with: -c region=us-east-2 -c availability_zone=us-east-2b "
-        "-c instance_type=trn2.48xlarge -c trn_nodes=2 -c capacity=capacity-block "
+        f"-c instance_type=trn2.48xlarge -c trn_nodes={nodes} -c capacity=capacity-block "
         "-c capacity_reservation_id=cr-0123456789abcdef0\n"
     ) in run.stdout
     ec2.assert_no_pending_responses()
+
+
+def test_the_deploy_flags_name_the_region_asked_not_one_cut_from_the_zone() -> None:
+    """A Local Zone's name is its region's and more (us-west-2-lax-1a)."""
+    flags = capacity.deploy_flags(
+        region="us-west-2",
+        availability_zone="us-west-2-lax-1a",
+        instance_type="trn2.48xlarge",
+        count=2,
+        reservation_id="cr-0123456789abcdef0",
+    )
+    assert flags.startswith("-c region=us-west-2 -c availability_zone=us-west-2-lax-1a ")
 
 
 def test_a_segmented_block_prints_every_reservation(trnctl: Any, clients: Any, stub: Any) -> None:

@@ -10,7 +10,7 @@ import pytest
 from preflight_answers import QUOTA, quota_response
 
 import trn_catalog
-from trnctl import preflight
+from trnctl import capacity, preflight
 
 pytestmark = pytest.mark.usefixtures("moto")
 
@@ -22,15 +22,21 @@ def reservation(
     state: str = "active",
     kind: str = "capacity-block",
 ) -> dict[str, Any]:
+    """A reservation as EC2 describes it; a Capacity Block that has not started shows 0
+    instances and keeps its size (``available`` here) in a tag."""
+    scheduled_block = state == "scheduled" and kind == "capacity-block"
     return {
         "CapacityReservationId": reservation_id,
         "InstanceType": "trn2.48xlarge",
         "AvailabilityZone": "us-east-2a",
-        "TotalInstanceCount": 4,
-        "AvailableInstanceCount": available,
+        "TotalInstanceCount": 0 if scheduled_block else 4,
+        "AvailableInstanceCount": 0 if scheduled_block else available,
         "State": state,
         "ReservationType": kind,
         "StartDate": datetime(2026, 12, 1, 11, 30, tzinfo=UTC),
+        "Tags": [{"Key": capacity.REQUESTED_QUANTITY_TAG, "Value": str(available)}]
+        if scheduled_block
+        else [],
     }
 
 
@@ -124,7 +130,7 @@ def test_no_reservation_is_a_warning_that_points_to_capacity_find(trnctl: Any, a
     aws(
         reservations=[
             reservation(available=1),
-            reservation("cr-0fedcba9876543210", state="scheduled"),
+            reservation("cr-0fedcba9876543210", available=1, state="scheduled"),
         ]
     )
 
@@ -136,8 +142,27 @@ def test_no_reservation_is_a_warning_that_points_to_capacity_find(trnctl: Any, a
     line = rows(run.stdout)["capacity reservations"]
     assert "WARN" in line
     assert "cr-0123456789abcdef0 capacity-block active 1/4 free" in line
-    assert "cr-0fedcba9876543210 capacity-block scheduled" in line
+    assert (
+        "cr-0fedcba9876543210 capacity-block scheduled: 1 x trn2.48xlarge from 2026-12-01 11:30 UTC"
+        in line
+    )
     assert "trnctl capacity find --instance-type trn2.48xlarge --count 2 --days 1" in line
+
+
+def test_a_scheduled_block_large_enough_passes_with_its_deploy_flags(trnctl: Any, aws: Any) -> None:
+    """EC2 gives a block that has not started 0 instances; its size is in a tag. A node group
+    deployed into it launches its nodes when it starts."""
+    aws(reservations=[reservation(available=4, state="scheduled")])
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 0, run.stdout + run.stderr
+    line = rows(run.stdout)["capacity reservations"]
+    assert "PASS" in line
+    assert "scheduled: 4 x trn2.48xlarge from 2026-12-01 11:30 UTC" in line
+    assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0123456789abcdef0" in line
 
 
 def test_quota_falls_back_to_the_aws_default_when_none_is_applied(clients: Any, stub: Any) -> None:

@@ -173,8 +173,10 @@ def test_buying_an_ultraserver_block_prints_one_node_group_per_ultraserver(
             "CapacityReservationId": rid,
             "InstanceType": "trn2u.48xlarge",
             "AvailabilityZone": "us-east-2b",
-            "TotalInstanceCount": 4,
-            "State": "scheduled",
+            # A block not yet started: 0 instances, its size in EC2's tag.
+            "TotalInstanceCount": 0,
+            "Tags": [{"Key": capacity.REQUESTED_QUANTITY_TAG, "Value": "4"}],
+            "State": "payment-pending",
             "ReservationType": "capacity-block",
             "StartDate": START,
         }

@@ -141,12 +141,14 @@ def _print_offerings(offerings: list[capacity.Offering], title: str, region: str
     console.print(f"cheapest: trnctl capacity buy {best.offering_id} --region {region} --yes")
     if best.ultraserver_type:
         flags = capacity.ultraserver_deploy_flags(
+            region=region,
             availability_zone=best.availability_zone,
             ultraserver_type=best.ultraserver_type,
             reservation_ids=[capacity.RESERVATION_PLACEHOLDER],
         )
     else:
         flags = capacity.deploy_flags(
+            region=region,
             availability_zone=best.availability_zone,
             instance_type=best.instance_type,
             count=best.instance_count,
@@ -164,7 +166,8 @@ def capacity_buy(
 ) -> None:
     """Buy a Capacity Block or an UltraServer Capacity Block (charged up front, not
     refundable); a dry run unless --yes."""
-    ec2 = aws.client("ec2", common.region_of(region))
+    resolved = common.region_of(region)
+    ec2 = aws.client("ec2", resolved)
     console = common.console()
     if not yes:
         capacity.dry_run_purchase(ec2, offering_id, platform)
@@ -179,29 +182,34 @@ def capacity_buy(
     response = capacity.purchase(ec2, offering_id, platform)
     reservations = capacity.reservations_of(response)
     for reservation in reservations:
+        count = capacity.block_instance_count(reservation)
         console.print(
             f"bought {offering_id}: reservation {reservation['CapacityReservationId']}, "
-            f"{reservation['TotalInstanceCount']} x {reservation['InstanceType']} in "
+            f"{'?' if count is None else count} x {reservation['InstanceType']} in "
             f"{reservation['AvailabilityZone']}, {reservation.get('StartDate')} to "
             f"{reservation.get('EndDate')} (EKS drains the nodes 40 minutes before the end)",
             soft_wrap=True,
         )
     ultraserver_type = capacity.ultraserver_type_of(response)
     if ultraserver_type is not None:
-        _print_ultraserver_flags(ultraserver_type, reservations)
+        _print_ultraserver_flags(resolved, ultraserver_type, reservations)
         return
     # A segmented offering yields one reservation per segment; a node group uses one of them.
     for reservation in reservations:
+        count = capacity.block_instance_count(reservation)
         flags = capacity.deploy_flags(
+            region=resolved,
             availability_zone=reservation["AvailabilityZone"],
             instance_type=reservation["InstanceType"],
-            count=int(reservation["TotalInstanceCount"]),
+            count=capacity.COUNT_PLACEHOLDER if count is None else count,
             reservation_id=reservation["CapacityReservationId"],
         )
         console.print(f"deploy with: {flags}", soft_wrap=True)
 
 
-def _print_ultraserver_flags(ultraserver_type: str, reservations: list[dict[str, Any]]) -> None:
+def _print_ultraserver_flags(
+    region: str, ultraserver_type: str, reservations: list[dict[str, Any]]
+) -> None:
     """One node group per UltraServer reservation: the deploy flags list them all."""
     console = common.console()
     try:
@@ -209,15 +217,18 @@ def _print_ultraserver_flags(ultraserver_type: str, reservations: list[dict[str,
     except ultraservers.UnconfirmedUltraServerError as error:
         console.print(f"not deployable by this platform: {error}", soft_wrap=True)
         return
-    whole = [r for r in reservations if int(r["TotalInstanceCount"]) == spec.servers]
+    whole = [r for r in reservations if capacity.block_instance_count(r) == spec.servers]
     for other in (r for r in reservations if r not in whole):
+        count = capacity.block_instance_count(other)
         console.print(
-            f"reservation {other['CapacityReservationId']} holds {other['TotalInstanceCount']} "
-            f"instances, not one {spec.name} ({spec.servers}); it is left out of the flags",
+            f"reservation {other['CapacityReservationId']} holds "
+            f"{'an unknown number of' if count is None else count} instances, not one "
+            f"{spec.name} ({spec.servers}); it is left out of the flags",
             soft_wrap=True,
         )
     if whole:
         flags = capacity.ultraserver_deploy_flags(
+            region=region,
             availability_zone=whole[0]["AvailabilityZone"],
             ultraserver_type=spec.name,
             reservation_ids=[r["CapacityReservationId"] for r in whole],
