@@ -84,6 +84,11 @@ ADDONS: tuple[AddonPin, ...] = (
         "v1.6.6-eksbuild.1",
         "running on EKS 1.35 (kube-proxy v1.35.3) in a public add-on compatibility table "
         "(2026-07); upstream release v1.6.6 (2026-06-10), with Neuron checks",
+        # v1.6.6's chart (charts/eks-node-monitoring-agent/values.yaml) gives the node agent
+        # `operator: Exists` but its DCGM DaemonSet, which the agent's GPU checks talk to on
+        # each NVIDIA node, no tolerations: it would never start on the GPU group's tainted
+        # nodes. The add-on's configuration schema (charts/configuration.schema.json) takes it.
+        {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}},
     ),
 )
 

@@ -289,6 +289,20 @@ def test_every_device_agent_tolerates_every_taint(
     assert [taint for taint in TAINTS if not tolerates(tolerations, taint)] == []
 
 
+def test_the_node_monitoring_agents_gpu_checks_reach_the_gpu_nodes(
+    synth_variant: Callable[[str], Synth],
+) -> None:
+    """eks-node-monitoring-agent v1.6.6's DCGM DaemonSet, which its GPU health checks need on
+    each NVIDIA node, has no tolerations in the chart: the add-on's configuration gives it
+    every taint, the GPU group's among them."""
+    addons = all_addons(synth_variant("gpu"))
+    configuration = json.loads(addons["eks-node-monitoring-agent"]["ConfigurationValues"])
+    tolerations = configuration["dcgmAgent"]["tolerations"]
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+    assert [t for t in [*TAINTS, gpu_taint] if not tolerates(tolerations, t)] == []
+    assert not tolerates([], gpu_taint)
+
+
 def test_efa_plugin_allowlist_has_trn3(dev: Synth) -> None:
     values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
     allow = values["supportedInstanceLabels"]

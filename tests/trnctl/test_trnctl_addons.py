@@ -12,7 +12,8 @@ from trn_catalog import versions
 from trnctl import addons
 from trnctl.preflight import Status
 
-# A schema in the shape EKS returns for the CSI drivers: a closed object per component.
+# A schema in the shape EKS returns for the CSI drivers and the node monitoring agent: a closed
+# object per component.
 NODE_SCHEMA = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "type": "object",
@@ -24,6 +25,11 @@ NODE_SCHEMA = {
             "properties": {"tolerateAllTaints": {"type": "boolean"}},
         },
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "dcgmAgent": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"tolerations": {"type": "array", "items": {"type": "object"}}},
+        },
     },
 }
 
