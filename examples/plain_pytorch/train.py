@@ -78,15 +78,17 @@ def batches(
 
 
 def device_of(name: str, local_rank: int) -> torch.device:
-    """This rank's device: ``cpu``, or ``cuda``/``neuron`` numbered by the local rank."""
+    """This rank's device: ``cpu``, or ``cuda``/``neuron`` numbered by the local rank among the
+    devices the process sees (TorchNeuron shows each rank only its own core, as index 0)."""
     if name == "cpu":
         return torch.device("cpu")
     found = torch.accelerator.current_accelerator()
     if found is None or found.type != name:
         have = found.type if found is not None else "none"
         raise SystemExit(f"--device {name}, but this machine's accelerator is {have}")
-    torch.accelerator.set_device_index(local_rank)
-    return torch.device(name, local_rank)
+    index = local_rank if torch.accelerator.device_count() > 1 else 0
+    torch.accelerator.set_device_index(index)
+    return torch.device(name, index)
 
 
 def newest_checkpoint(directory: Path | None) -> Path | None:

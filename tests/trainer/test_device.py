@@ -141,6 +141,19 @@ def _unstarted(cls: type[device.Backend]) -> device.Backend:
     return cls.__new__(cls)
 
 
+@pytest.mark.parametrize(("visible", "index"), [(1, 0), (64, 5)])
+def test_a_neuron_rank_takes_the_core_it_sees(
+    visible: int, index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one core visible per rank (TorchNeuron's NEURON_RT_VISIBLE_CORES=LOCAL_RANK) local
+    rank 5 is on index 0, where asking for index 5 would fail; seeing the node's cores, on 5."""
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: visible)
+    backend = _unstarted(device.NeuronBackend)
+    backend.local_rank = 5
+
+    assert isinstance(backend, device.NeuronBackend) and backend.device_index() == index
+
+
 def test_cpu_trains_in_fp32_and_cuda_and_neuron_in_bf16_autocast() -> None:
     assert device.Backend().precision() == "fp32"
     assert _unstarted(device.NeuronBackend).precision() == "bf16 autocast"

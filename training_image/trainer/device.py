@@ -221,8 +221,16 @@ class NeuronBackend(Backend):
         stacks.check_instance(stacks.STACKS["native"], instance_type)
 
     def _device(self) -> torch.device:
-        torch.accelerator.set_device_index(self.local_rank)
-        return torch.device("neuron", self.local_rank)
+        index = self.device_index()
+        torch.accelerator.set_device_index(index)
+        return torch.device("neuron", index)
+
+    def device_index(self) -> int:
+        """This rank's NeuronCore among those it sees. TorchNeuron shows each rank its own
+        logical core only (``NEURON_RT_VISIBLE_CORES=LOCAL_RANK``), as index 0: the Neuron guide
+        to torch.distributed puts every rank's tensors on ``torch.device("neuron")``. A process
+        that sees the node's cores takes the one of its local rank."""
+        return self.local_rank if torch.accelerator.device_count() > 1 else 0
 
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.device)
