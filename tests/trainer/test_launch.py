@@ -240,6 +240,21 @@ def test_xla_cache_is_left_to_its_compiler(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("flag", ["--cache_dir=s3://mine/cache", "--cache_dir"])
+def test_a_cache_dir_flag_on_the_xla_stack_is_refused(flag: str) -> None:
+    """Neuron's compiler wrapper prefers --cache_dir to NEURON_COMPILE_CACHE_URL: the job would
+    leave the shared, keyed cache without a word."""
+    env = {"NEURON_STACK": "xla", "NEURON_CC_FLAGS": f"--model-type transformer {flag}"}
+    with pytest.raises(
+        ValueError,
+        match=rf"^NEURON_CC_FLAGS sets {re.escape(flag)}, which the Neuron compiler wrapper "
+        r"puts before NEURON_COMPILE_CACHE_URL: the job would miss the platform's shared "
+        r"compile cache; drop the flag \(to move the cache, set NEURON_COMPILE_CACHE_URL, "
+        r"which the launcher keys by compiler and flags\)$",
+    ):
+        launch.job_environment(env, compiler="2.24", kernel_release="6.1")
+
+
 def test_unknown_stack_is_refused() -> None:
     with pytest.raises(ValueError, match=r"NEURON_STACK 'tpu' is unknown; use native or xla"):
         launch.job_environment({"NEURON_STACK": "tpu"}, compiler="1", kernel_release="6.1")

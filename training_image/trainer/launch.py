@@ -97,6 +97,28 @@ def with_lnc_flag(cc_flags: str, lnc: str | None) -> str:
     return f"{cc_flags} {LNC_FLAG}={lnc}".strip()
 
 
+def check_cache_flags(stack: stacks.NeuronStack, cc_flags: str) -> None:
+    """Refuses ``--cache_dir`` in the XLA stack's ``NEURON_CC_FLAGS``: Neuron's compiler
+    wrapper takes it over ``NEURON_COMPILE_CACHE_URL`` (Neuron 2.29.1 docs, "Neuron
+    Persistent Cache"), so the job would compile into its own directory and not the shared,
+    version-keyed cache the launcher sets.
+
+    Raises:
+        ValueError: naming the flag and the variable to set instead.
+    """
+    if stack.name != "xla":
+        return
+    for word in shlex.split(cc_flags):
+        option, _, value = word.partition("=")
+        if option == "--cache_dir":
+            raise ValueError(
+                f"NEURON_CC_FLAGS sets --cache_dir{'=' + value if value else ''}, which the "
+                f"Neuron compiler wrapper puts before {stack.cache_variable}: the job would "
+                "miss the platform's shared compile cache; drop the flag (to move the cache, "
+                f"set {stack.cache_variable}, which the launcher keys by compiler and flags)"
+            )
+
+
 def _kernel_older_than(release: str, major: int, minor: int) -> bool:
     parts = release.split(".")
     try:
@@ -126,8 +148,8 @@ def job_environment(
     key of :func:`compile_cache_url`, keeping the base in the stack's base variable.
 
     Raises:
-        ValueError: an unknown ``NEURON_STACK``, or ``NEURON_CC_FLAGS`` naming another LNC than
-            ``NEURON_LOGICAL_NC_CONFIG``.
+        ValueError: an unknown ``NEURON_STACK``, ``NEURON_CC_FLAGS`` naming another LNC than
+            ``NEURON_LOGICAL_NC_CONFIG``, or (xla) a ``--cache_dir`` (:func:`check_cache_flags`).
     """
     env = dict(environ)
     stack = stacks.of(env)
@@ -142,6 +164,7 @@ def job_environment(
         env.setdefault("FI_EFA_FORK_SAFE", "1")
     env.setdefault("NEURON_CC_FLAGS", stack.cc_flags)
     env["NEURON_CC_FLAGS"] = with_lnc_flag(env["NEURON_CC_FLAGS"], env.get(LNC_VARIABLE))
+    check_cache_flags(stack, env["NEURON_CC_FLAGS"])
     env.setdefault("MALLOC_ARENA_MAX", "64")
     base = (
         env.get(stack.cache_base_variable) or env.get(stack.cache_variable) or stack.default_cache
