@@ -55,8 +55,9 @@ class NeuronPluginsProps:
             chart creates the ``neuron.aws.com`` DeviceClass) and the ``aws-dranet`` EFA DRA
             driver on the catalog's trn2/trn3 types (it creates ``efa.networking.k8s.aws``),
             and keeps the EFA device plugin to the GPU catalog's types. The cluster must run
-            Kubernetes 1.34 or later with managed or self-managed node groups (not Karpenter
-            or EKS Auto Mode): yours to ensure on an imported cluster.
+            Kubernetes 1.34 or later with managed or self-managed node groups (the ones this
+            was built and tested for; the EKS guide also lists Karpenter 1.15+ and, from
+            Kubernetes 1.36, EKS Auto Mode): yours to ensure on an imported cluster.
     """
 
     cluster: eks.ICluster
