@@ -89,7 +89,11 @@ class TrainingNetworkProps:
         private_subnet_mask: prefix length of each private subnet. Default 18 (16,379 usable
             addresses per AZ), sized for VPC CNI prefix delegation, which hands out /28 blocks.
         prefix_reservation_mask: prefix length of the ``prefix`` CIDR reservation kept inside the
-            trn AZ's private subnet so that /28 prefixes never fragment away. Default 20.
+            trn AZ's private subnet so that /28 prefixes never fragment away. Default 20. Fixed
+            once deployed: the reservation is the subnet's last block of this size, so another
+            size overlaps the block in place, and CloudFormation creates the new reservation
+            before it deletes the old one, which EC2 refuses ("must not overlap an existing
+            reservation"). The same holds for the reservation's description.
         nat_gateways: NAT gateways, at most one per AZ. Default 1.
         interface_endpoints: endpoint short names, from :data:`DEFAULT_INTERFACE_ENDPOINTS` or
             ``ec2messages``, ``monitoring``, ``elasticloadbalancing``, ``fsx``.
@@ -297,8 +301,9 @@ class TrainingNetwork(Construct):
             self._reserve_prefixes_by_call(reservation)
 
     def _reserve_prefixes_by_call(self, reservation: dict[str, str]) -> None:
-        # A new subnet or block creates a reservation under a new id; CloudFormation then
-        # deletes the old one by its id.
+        # A new subnet creates a reservation under a new id; CloudFormation then deletes the old
+        # one by its id. In the same subnet a new block overlaps the old one, which EC2 refuses
+        # (the mask is fixed once deployed, see TrainingNetworkProps).
         create = cr.AwsSdkCall(
             service="EC2",
             action="CreateSubnetCidrReservation",
