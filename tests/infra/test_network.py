@@ -70,6 +70,13 @@ def test_trn_subnet_keeps_a_prefix_reservation(dev: Synth) -> None:
     assert params["ReservationType"] == "prefix" and params["SubnetId"] == "SUBNET"
     assert ipaddress.ip_network(params["Cidr"]).subnet_of(ipaddress.ip_network(subnet["CidrBlock"]))
     assert ipaddress.ip_network(params["Cidr"]).prefixlen == 20
+    # Fixed once deployed (TrainingNetworkProps.prefix_reservation_mask): another block or
+    # description would replace the reservation with one that overlaps it, which EC2 refuses.
+    last = list(ipaddress.ip_network(subnet["CidrBlock"]).subnets(new_prefix=20))[-1]
+    assert params["Cidr"] == str(last)
+    assert params["Description"] == (
+        "Contiguous /28 prefixes for VPC CNI prefix delegation on trn nodes"
+    )
     assert {"Ref": subnet_id} in resource["Properties"]["Create"]["Fn::Join"][1]
     assert sdk_call(resource, "Update", "SUBNET") == create
     delete = sdk_call(resource, "Delete", "SUBNET")
