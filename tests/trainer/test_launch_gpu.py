@@ -125,6 +125,24 @@ def test_nccl_goes_over_efa_where_the_image_has_it() -> None:
     assert old_kernel["FI_EFA_FORK_SAFE"] == "1"
 
 
+def test_across_nodes_nccl_must_use_the_efa_plugin() -> None:
+    """Without NCCL_NET, NCCL takes its TCP sockets when aws-ofi-nccl fails to start, and the
+    GPU side of a comparison runs over TCP without a word; on one node no network is needed."""
+    across = launch.gpu_environment(
+        {**GPU, **RENDEZVOUS}, P5, efa_in_image=True, kernel_release="6.1"
+    )
+    assert across["NCCL_NET"] == "Libfabric"
+    one_node = launch.gpu_environment(GPU, P5, efa_in_image=True, kernel_release="6.1")
+    assert "NCCL_NET" not in one_node
+    no_plugin = launch.gpu_environment(
+        {**GPU, **RENDEZVOUS}, P5, efa_in_image=False, kernel_release="6.1"
+    )
+    assert "NCCL_NET" not in no_plugin
+    mine = {**GPU, **RENDEZVOUS, "NCCL_NET": "Socket"}
+    kept = launch.gpu_environment(mine, P5, efa_in_image=True, kernel_release="6.1")
+    assert kept["NCCL_NET"] == "Socket"
+
+
 def test_device_rdma_only_on_types_whose_efa_has_it() -> None:
     no_rdma = dataclasses.replace(P5, efa_rdma=False)
 

@@ -36,6 +36,10 @@ from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
 # puts both on LD_LIBRARY_PATH; without them NCCL uses sockets).
 EFA_LIBFABRIC_DIR = Path("/opt/amazon/efa/lib")
 OFI_NCCL_DIR = Path("/opt/ofi-nccl")
+# aws-ofi-nccl's name for its NCCL net plugin (v1.21.1 src/nccl_ofi_interface_nvidia.cpp).
+# Named in NCCL_NET, NCCL uses that plugin or fails; unnamed, NCCL (2.30 src/plugin/net.cc)
+# takes its built-in sockets when the plugin does not start, without an error.
+NCCL_EFA_NET = "Libfabric"
 PRECOMPILE_STEPS = 2  # the warm-up graph and the steady-state one
 PRECOMPILE_ENV = "TRN_PRECOMPILE"  # "1": run trn-train compile before the run
 # torchrun's own wait between the SIGTERM and the SIGKILL of its workers, where the job sets none.
@@ -237,8 +241,10 @@ def gpu_environment(
     image has libfabric and aws-ofi-nccl (``efa_in_image``), sets (keeping any value the job
     set) libfabric's EFA provider for NCCL's plugin, ``FI_EFA_USE_DEVICE_RDMA=1`` only on types
     whose EFA supports RDMA (GPUDirect RDMA; the catalog's ``efa_rdma``) and
-    ``FI_EFA_FORK_SAFE=1`` on kernels older than 5.15. No Neuron compiler flags or compile
-    cache."""
+    ``FI_EFA_FORK_SAFE=1`` on kernels older than 5.15 (settings older aws-ofi-nccl releases
+    needed and newer ones accept), and across nodes ``NCCL_NET`` = :data:`NCCL_EFA_NET`, so that
+    a plugin that cannot start stops the run instead of leaving a GPU comparison on TCP
+    sockets. No Neuron compiler flags or compile cache."""
     env = dict(environ)
     for name in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
         if f"PET_{name}" in env:
@@ -249,6 +255,8 @@ def gpu_environment(
             env.setdefault("FI_EFA_USE_DEVICE_RDMA", "1")
         if _kernel_older_than(kernel_release or platform.release(), 5, 15):
             env.setdefault("FI_EFA_FORK_SAFE", "1")
+        if env.get("NNODES", "1") != "1":
+            env.setdefault("NCCL_NET", NCCL_EFA_NET)
     return env
 
 
