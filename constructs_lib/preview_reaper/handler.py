@@ -25,6 +25,11 @@ POLL_SECONDS = 15
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # Leave room to hand over to a fresh invocation before Lambda's timeout.
 HANDOVER_MS = 60_000
+# Polls before a stack must show DELETE_IN_PROGRESS. Right after DeleteStack a read may still
+# show the stack's old status; a deletion CloudFormation refuses (an export another stack
+# imports) takes the stack back to it (UPDATE_COMPLETE, UPDATE_ROLLBACK_COMPLETE: failures of
+# botocore's StackDeleteComplete waiter), never to DELETE_FAILED.
+START_POLLS = 4
 
 
 class DeletionFailed(RuntimeError):
@@ -81,7 +86,8 @@ def reap(
     "reason": ...}``.
 
     Raises:
-        DeletionFailed: a stack ended in DELETE_FAILED.
+        DeletionFailed: a stack ended in DELETE_FAILED, or CloudFormation refused its deletion
+            (:func:`_await_deletion`).
     """
     deleted: list[str] = []
     for name in reversed(event["stacks"]):
@@ -101,16 +107,47 @@ def reap(
         if name == event.get("self_stack"):
             deleted.append(name)
             break  # this function goes with its own stack; nothing can follow
-        while (current := _describe(cloudformation, stack["StackId"])) is not None:
-            if current["StackStatus"] == "DELETE_FAILED":
-                reason = current.get("StackStatusReason", "delete failed")
-                raise DeletionFailed(f"{name}: {reason} (deleted so far: {deleted})")
-            if millis_left() < HANDOVER_MS:
-                resume()
-                return {"status": "continuing", "deleted": deleted, "stack": name}
-            sleep(POLL_SECONDS)
+        if not _await_deletion(
+            cloudformation, name, stack["StackId"], deleted, millis_left, resume, sleep
+        ):
+            return {"status": "continuing", "deleted": deleted, "stack": name}
         deleted.append(name)
     return {"status": "done", "deleted": deleted}
+
+
+def _await_deletion(
+    cloudformation: Any,
+    name: str,
+    stack_id: str,
+    deleted: list[str],
+    millis_left: Callable[[], int],
+    resume: Callable[[], None],
+    sleep: Callable[[float], None],
+) -> bool:
+    """Polls until the stack is gone (True), or hands over to a fresh invocation (False).
+
+    Raises:
+        DeletionFailed: DELETE_FAILED; or the stack left DELETE_IN_PROGRESS for another status,
+            or did not reach it within :data:`START_POLLS` polls: CloudFormation refused.
+    """
+    started, polls = False, 0
+    while (current := _describe(cloudformation, stack_id)) is not None:
+        status = current["StackStatus"]
+        reason = current.get("StackStatusReason", status)
+        if status == "DELETE_FAILED":
+            raise DeletionFailed(f"{name}: {reason} (deleted so far: {deleted})")
+        started = started or status == "DELETE_IN_PROGRESS"
+        if status != "DELETE_IN_PROGRESS" and (started or polls >= START_POLLS):
+            raise DeletionFailed(
+                f"{name}: deletion refused, the stack is in {status}: {reason} "
+                f"(deleted so far: {deleted})"
+            )
+        if millis_left() < HANDOVER_MS:
+            resume()
+            return False
+        sleep(POLL_SECONDS)
+        polls += 1
+    return True
 
 
 def _describe(cloudformation: Any, name: str) -> dict[str, Any] | None:

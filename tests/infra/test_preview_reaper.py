@@ -131,6 +131,63 @@ def test_a_failed_deletion_raises_for_lambda_to_retry_and_report(cloudformation:
         run(cloudformation, event("pv-network"))
 
 
+IN_USE = "Export pv-network:Vpc cannot be deleted as it is in use by other-app"
+
+
+def statuses_after_delete(client: Any, seen: list[str]) -> None:
+    """The stack as DescribeStacks shows it on each call after DeleteStack: the statuses in
+    ``seen``, in turn (moto deletes at once), then gone."""
+    original_delete, original_describe = client.delete_stack, client.describe_stacks
+    after: list[str] = []
+
+    def delete(**kwargs: Any) -> Any:
+        after.extend(seen)
+        return {}
+
+    def describe(**kwargs: Any) -> Any:
+        response = original_describe(**kwargs)
+        if after:
+            response["Stacks"][0].update({"StackStatus": after.pop(0), "StackStatusReason": IN_USE})
+        elif kwargs["StackName"] != "pv-network":  # by id, after the statuses: deleted
+            original_delete(StackName="pv-network")
+            return original_describe(**kwargs)
+        return response
+
+    client.delete_stack, client.describe_stacks = delete, describe
+
+
+@pytest.mark.parametrize("back_to", ["UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE"])
+def test_a_refused_deletion_raises_with_cloudformations_reason(
+    cloudformation: Any, back_to: str
+) -> None:
+    """CloudFormation refuses to delete a stack whose export another stack imports: the stack
+    goes back to its old status, never to DELETE_FAILED (botocore's StackDeleteComplete waiter
+    counts these states as failures). Polling on would hand over for hours."""
+    create(cloudformation, "pv-network")
+    statuses_after_delete(cloudformation, ["DELETE_IN_PROGRESS", back_to])
+    with pytest.raises(
+        DeletionFailed,
+        match=rf"^pv-network: deletion refused, the stack is in {back_to}: {IN_USE} "
+        r"\(deleted so far: \[\]\)$",
+    ):
+        run(cloudformation, event("pv-network"))
+
+
+def test_a_deletion_that_never_starts_is_refused(cloudformation: Any) -> None:
+    create(cloudformation, "pv-network")
+    statuses_after_delete(cloudformation, ["UPDATE_COMPLETE"] * 10)
+    with pytest.raises(DeletionFailed, match=r"^pv-network: deletion refused"):
+        run(cloudformation, event("pv-network"))
+
+
+def test_the_old_status_read_right_after_the_call_is_not_a_refusal(cloudformation: Any) -> None:
+    """DeleteStack's answer does not promise that the next read shows DELETE_IN_PROGRESS."""
+    create(cloudformation, "pv-network")
+    statuses_after_delete(cloudformation, ["UPDATE_COMPLETE", "DELETE_IN_PROGRESS"])
+    result = run(cloudformation, event("pv-network"))
+    assert result == {"status": "done", "deleted": ["pv-network"], "resumed": False}
+
+
 def test_move_schedule_keeps_the_target(cloudformation: Any) -> None:
     scheduler = boto3.client("scheduler", region_name="us-east-2")
     target = {
