@@ -24,7 +24,8 @@ TAG_EXPIRES_AT = "trn-platform:expires-at"
 # specifications it makes a new template version, and EKS then replaces every node of the node
 # group. CloudFormation still copies stack tags to the resources that take tags, in place.
 STACK_ONLY_TAGS = (TAG_EXPIRES_AT,)
-# A preview lives at most two weeks (ttl_hours at synth, `trnctl preview extend` after).
+# A preview's expiry lies at most two weeks ahead (ttl_hours at synth; `trnctl preview extend`
+# moves it to at most two weeks from the moment it runs).
 MAX_PREVIEW_TTL_HOURS = 24 * 14
 # Where a preview can deploy: its budget is CloudFormation's AWS::Budgets::Budget, which the
 # regional resource schemas (as cfn-lint 1.58 ships them) offer in these regions only.

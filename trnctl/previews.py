@@ -149,10 +149,12 @@ def reap(
 
 def new_expiry(stack: PreviewStack, hours: int, now: datetime) -> datetime:
     """The expiry after extending by ``hours``: from the current expiry if it is still ahead,
-    else (expired, malformed or missing) from ``now``."""
+    else (expired, malformed or missing) from ``now``; never more than
+    :data:`~trn_catalog.outputs.MAX_PREVIEW_TTL_HOURS` after ``now``, so that extending again and
+    again keeps a preview within two weeks of its last extension."""
     current = stack.expires
     base = current if current is not None and current > now else now
-    return base + timedelta(hours=hours)
+    return min(base + timedelta(hours=hours), now + timedelta(hours=MAX_PREVIEW_TTL_HOURS))
 
 
 def extend(

@@ -183,6 +183,20 @@ def test_extend_moves_the_expiry_of_the_projects_stacks_only(trnctl: Any, cfn: A
     assert "trn-pv-gamma-data: expires-at " in run.stdout
 
 
+def test_an_extension_ends_at_most_two_weeks_from_now() -> None:
+    """Extending again and again moves the expiry, never past two weeks ahead."""
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    stack = previews.PreviewStack(
+        name="trn-pv-gamma-network",
+        stack_id="arn:aws:cloudformation:us-east-2:123456789012:stack/trn-pv-gamma-network/1",
+        status="UPDATE_COMPLETE",
+        created=now,
+        tags={TAG_PREVIEW: "gamma", TAG_EXPIRES_AT: "2026-12-14T00:00:00Z"},  # 300 h ahead
+    )
+    assert previews.new_expiry(stack, 336, now) == now + timedelta(hours=336)
+    assert previews.new_expiry(stack, 12, now) == now + timedelta(hours=312)
+
+
 def test_extend_of_an_unknown_project_exits_4(trnctl: Any, cfn: Any) -> None:
     run = trnctl("preview", "extend", "nope", "--hours", "12")
 
