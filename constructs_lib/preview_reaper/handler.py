@@ -164,9 +164,13 @@ def _describe(cloudformation: Any, name: str) -> dict[str, Any] | None:
 
 
 def move_schedule(scheduler: Any, name: str, group: str, when: datetime) -> None:
-    """Point the one-time schedule ``group/name`` at ``when`` (UTC), keeping its target."""
+    """Point the one-time schedule ``group/name`` at ``when`` (UTC), keeping its target; a
+    description that ends in " at <time>" (the platform's) names the new time."""
     current = scheduler.get_schedule(Name=name, GroupName=group)
     keep = ("Description", "FlexibleTimeWindow", "Target", "KmsKeyArn", "ActionAfterCompletion")
+    if " at " in current.get("Description", ""):
+        head = current["Description"].rsplit(" at ", 1)[0]
+        current["Description"] = f"{head} at {when.astimezone(UTC).strftime(EXPIRY_FORMAT)}"
     scheduler.update_schedule(
         Name=name,
         GroupName=group,

@@ -197,6 +197,7 @@ def test_move_schedule_keeps_the_target(cloudformation: Any) -> None:
     }
     scheduler.create_schedule(
         Name="trn-pv-alpha-expiry",
+        Description="Delete preview alpha at 2026-12-01T11:00:00Z",
         ScheduleExpression="at(2026-12-01T11:00:00)",
         ScheduleExpressionTimezone="Etc/UTC",
         FlexibleTimeWindow={"Mode": "OFF"},
@@ -210,6 +211,7 @@ def test_move_schedule_keeps_the_target(cloudformation: Any) -> None:
     assert moved["ScheduleExpressionTimezone"] == "Etc/UTC"
     assert moved["Target"]["Arn"] == target["Arn"] and moved["Target"]["Input"] == target["Input"]
     assert moved["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    assert moved["Description"] == "Delete preview alpha at 2026-12-02T11:00:00Z"
 
 
 @pytest.mark.parametrize(
