@@ -9,7 +9,8 @@ from typing import Any
 from trn_catalog import prices
 from trnctl.errors import ExitCode, TrnctlError
 
-# The Pricing API answers in these regions only; us-east-1 is the one AWS documents first.
+# The Pricing API has endpoints in us-east-1, eu-central-1 and ap-south-1 only (botocore's
+# endpoint data); us-east-1 is the one AWS documents first.
 PRICING_REGION = "us-east-1"
 SECONDS_PER_HOUR = 3600
 
