@@ -53,9 +53,9 @@ GPU_SOURCES: Mapping[str, str] = MappingProxyType(
         "nvidia-l40s": (
             "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS dense (733 with sparsity)"
         ),
-        "one-per-card": (
-            "No per-type EFA count found: assumed one EFA per network card, the general rule of "
-            "'Maximize network bandwidth' when network card 0 supports EFA"
+        "ec2-describe-instance-types": (
+            "EC2 DescribeInstanceTypes, NetworkInfo (MaximumEfaInterfaces, MaximumNetworkCards, "
+            "NetworkPerformance), as moto 5.2.5 bundles EC2's answer"
         ),
     }
 )
@@ -147,8 +147,8 @@ _P5 = GpuInstanceSpec(
     sources=_sources("nvidia-h100"),
 )
 
-# 8 x H200 (141 GiB), 16 network cards and 64 interfaces, 3,200 Gbps. The multi-card page's
-# P5 section names p5.48xlarge and p5e.48xlarge only; p5en follows its general rule.
+# 8 x H200 (141 GiB), 16 network cards and 64 interfaces, 3,200 Gbps; 16 EFA interfaces, one
+# per card (EC2's DescribeInstanceTypes).
 _P5EN = GpuInstanceSpec(
     name="p5en.48xlarge",
     gpu="H200",
@@ -163,12 +163,11 @@ _P5EN = GpuInstanceSpec(
     efa_rdma=True,
     bf16_tflops_per_gpu=989.5,
     instance_store_gb=30400,
-    sources=_sources("nvidia-h200", efa_interfaces="one-per-card"),
-    unverified=frozenset({"efa_interfaces"}),
+    sources=_sources("nvidia-h200", efa_interfaces="ec2-describe-instance-types"),
 )
 
-# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces; one EFA per card
-# by the general multi-card rule (no B200-specific layout found in the EC2 guide).
+# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces; 8 EFA
+# interfaces, one per card (EC2's DescribeInstanceTypes).
 _P6_B200 = GpuInstanceSpec(
     name="p6-b200.48xlarge",
     gpu="B200",
@@ -183,12 +182,11 @@ _P6_B200 = GpuInstanceSpec(
     efa_rdma=True,
     bf16_tflops_per_gpu=2250.0,
     instance_store_gb=30400,
-    sources=_sources("nvidia-b200", efa_interfaces="one-per-card"),
-    unverified=frozenset({"efa_interfaces"}),
+    sources=_sources("nvidia-b200", efa_interfaces="ec2-describe-instance-types"),
 )
 
-# 8 x L40S (44 GiB as EC2 lists it), 4 network cards and 40 interfaces, 400 Gbps; no source
-# says whether card 0 takes an EFA on this type.
+# 8 x L40S (44 GiB as EC2 lists it), 4 network cards and 40 interfaces, 400 Gbps; 4 EFA
+# interfaces, one per card (EC2's DescribeInstanceTypes).
 _G6E = GpuInstanceSpec(
     name="g6e.48xlarge",
     gpu="L40S",
@@ -205,8 +203,8 @@ _G6E = GpuInstanceSpec(
     efa_rdma=False,
     bf16_tflops_per_gpu=362.05,
     instance_store_gb=7600,
-    sources=_sources("nvidia-l40s", efa_interfaces="one-per-card"),
-    unverified=frozenset({"efa_interfaces", "efa_rdma"}),
+    sources=_sources("nvidia-l40s", efa_interfaces="ec2-describe-instance-types"),
+    unverified=frozenset({"efa_rdma"}),
 )
 
 GPU_CATALOG: Mapping[str, GpuInstanceSpec] = MappingProxyType(

@@ -46,6 +46,10 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         ),
         "ec2-instance-types": "Amazon EC2 instance type pages (Accelerated computing: Trn1, Trn2)",
         "botocore-ec2": "botocore EC2 service model, InstanceType enum",
+        "ec2-describe-instance-types": (
+            "EC2 DescribeInstanceTypes, NetworkInfo (MaximumEfaInterfaces, MaximumNetworkCards, "
+            "NetworkPerformance), as moto 5.2.5 bundles EC2's answer"
+        ),
         "derived": (
             "Derived: a Gen1 Trn3 UltraServer is 4 servers at 3,200 Gbps each "
             "(Neuron trn3-arch docs)"
@@ -178,12 +182,11 @@ _TRN2_3 = replace(
         "neuron-trn2-arch",
         vcpus="ec2-instance-types",
         memory_gib="ec2-instance-types",
-        efa_interfaces="assumed",
-        network_cards="assumed",
-        efa_gbps="assumed",
+        efa_interfaces="ec2-describe-instance-types",
+        network_cards="ec2-describe-instance-types",
+        efa_gbps="ec2-describe-instance-types",
         instance_store_gb="ec2-instance-types",
     ),
-    unverified=frozenset({"efa_interfaces", "network_cards", "efa_gbps"}),
 )
 
 # Trainium3 (NeuronCore-v4): 8 cores, 144 GiB HBM, 671 TFLOPS BF16 and 2,517 TFLOPS MXFP8 dense.

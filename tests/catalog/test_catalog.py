@@ -1,7 +1,10 @@
 import ast
+import gzip
+import json
 import re
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,28 @@ def test_trn3_peak_flops_come_from_the_trainium3_figures() -> None:
 def test_efa_interfaces_fit_the_network_cards() -> None:
     for spec in CATALOG.values():
         assert 1 <= spec.efa_interfaces <= spec.network_cards, spec.name
+
+
+def _ec2_network_info() -> dict[str, dict[str, object]]:
+    """EC2's DescribeInstanceTypes NetworkInfo per type, as moto bundles EC2's answer."""
+    data = resources.files("moto.ec2.resources") / "instance_types.json.gz"
+    types = json.loads(gzip.decompress(data.read_bytes()))
+    return {name: spec["NetworkInfo"] for name, spec in types.items()}
+
+
+def test_efa_counts_and_network_cards_are_ec2s() -> None:
+    """Every type of both catalogs that EC2 describes (all but the unconfirmed trn3 names) has
+    EC2's EFA interface count and network cards."""
+    ec2 = _ec2_network_info()
+    specs = [*CATALOG.values(), *trn_catalog.GPU_CATALOG.values()]
+    described = [s for s in specs if s.name in ec2]
+    assert {s.name for s in specs} - {s.name for s in described} <= {
+        name for name in CATALOG if name.startswith("trn3")
+    }
+    for spec in described:
+        info = ec2[spec.name]
+        assert info["EfaInfo"] == {"MaximumEfaInterfaces": spec.efa_interfaces}, spec.name
+        assert info["MaximumNetworkCards"] == spec.network_cards, spec.name
 
 
 def test_unknown_type_error_lists_the_known_types() -> None:
