@@ -95,7 +95,7 @@ def _ec2_network_info() -> dict[str, dict[str, object]]:
 
 def test_efa_counts_and_network_cards_are_ec2s() -> None:
     """Every type of both catalogs that EC2 describes (all but the unconfirmed trn3 names) has
-    EC2's EFA interface count and network cards."""
+    EC2's EFA interface count, network cards and network bandwidth."""
     ec2 = _ec2_network_info()
     specs = [*CATALOG.values(), *trn_catalog.GPU_CATALOG.values()]
     described = [s for s in specs if s.name in ec2]
@@ -106,6 +106,11 @@ def test_efa_counts_and_network_cards_are_ec2s() -> None:
         info = ec2[spec.name]
         assert info["EfaInfo"] == {"MaximumEfaInterfaces": spec.efa_interfaces}, spec.name
         assert info["MaximumNetworkCards"] == spec.network_cards, spec.name
+        # "3200 Gigabit", or per card: "16x 200 Gigabit".
+        performance = re.fullmatch(r"(?:(\d+)x )?(\d+) Gigabit", str(info["NetworkPerformance"]))
+        assert performance, (spec.name, info["NetworkPerformance"])
+        cards, gbps = performance.groups()
+        assert int(cards or 1) * int(gbps) == spec.efa_gbps, spec.name
 
 
 def test_unknown_type_error_lists_the_known_types() -> None:
