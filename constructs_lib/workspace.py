@@ -408,8 +408,10 @@ class TrainingWorkspace(Construct):
             GPU_RESOURCE: spec.gpus,
             **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
         }
-        # aws-ofi-nccl runs NCCL over libfabric; the EFA provider, with GPUDirect RDMA where
-        # the type's EFA supports RDMA read (EC2's EFA supported-instance table).
+        # aws-ofi-nccl runs NCCL over libfabric's EFA provider. Its docs (doc/efa-env-var.md,
+        # v1.21.1) call these two needless with current releases and harmless: kept for older
+        # plugins, RDMA only where the type's EFA has it (EC2's EFA supported-instance table).
+        # What keeps NCCL on EFA across nodes is the launcher's NCCL_NET.
         env = [
             {"name": GPU_INSTANCE_TYPE_ENV, "value": spec.name},
             {"name": "FI_PROVIDER", "value": "efa"},
