@@ -127,7 +127,11 @@ def exec_main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    env = launch.node_environment(os.environ)
+    try:
+        env = launch.node_environment(os.environ)
+    except ValueError as error:  # flags that contradict the node or the compile cache
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if env.get(CHECKPOINT_DIR_ENV):
         Path(env[CHECKPOINT_DIR_ENV]).mkdir(parents=True, exist_ok=True)
     return run_forwarding_sigterm(command, env, cwd=workdir)

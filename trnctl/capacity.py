@@ -155,7 +155,8 @@ def _offerings(
 def ultraserver_deploy_flags(
     *, region: str, availability_zone: str, ultraserver_type: str, reservation_ids: list[str]
 ) -> str:
-    """The ``cdk deploy`` context flags that launch one node group per UltraServer block."""
+    """The ``cdk deploy`` context flags that launch one node group per UltraServer block, in
+    the region asked (see :func:`deploy_flags`)."""
     spec = ultraservers.get(ultraserver_type)
     return (
         f"-c region={region} -c availability_zone={availability_zone} "
@@ -191,7 +192,8 @@ def deploy_flags(
 ) -> str:
     """The ``cdk deploy`` context flags that launch the trn node group into the block. The
     region is the one asked (a zone's name need not be its region's plus a letter: Local Zones
-    are not)."""
+    are not); ``count`` is the block's instances, or :data:`COUNT_PLACEHOLDER` where EC2 told
+    none."""
     return (
         f"-c region={region} -c availability_zone={availability_zone} "
         f"-c instance_type={instance_type} -c trn_nodes={count} "

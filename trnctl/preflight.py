@@ -234,7 +234,10 @@ def check_reservations(ec2: Any, request: Request) -> Check:
     )
     reservations = [r for page in pages for r in page["CapacityReservations"]]
     summary = "; ".join(_reservation_summary(r) for r in reservations)
-    usable = [r for r in reservations if _covers(r, request.count)]
+    # Capacity to use now before a block that starts later.
+    usable = sorted(
+        (r for r in reservations if _covers(r, request.count)), key=lambda r: r["State"] != "active"
+    )
     if usable:
         best = usable[0]
         mode = "capacity-block" if best.get("ReservationType") == "capacity-block" else "odcr"

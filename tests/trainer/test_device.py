@@ -154,6 +154,38 @@ def test_a_neuron_rank_takes_the_core_it_sees(
     assert isinstance(backend, device.NeuronBackend) and backend.device_index() == index
 
 
+def test_a_neuron_rank_that_sees_too_few_cores_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 2)
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-5")
+    backend = _unstarted(device.NeuronBackend)
+    backend.local_rank = 5
+
+    assert isinstance(backend, device.NeuronBackend)
+    with pytest.raises(
+        ValueError,
+        match=r"^local rank 5 sees 2 NeuronCores \(NEURON_RT_VISIBLE_CORES='4-5'\): neither its "
+        r"own core alone nor the node's$",
+    ):
+        backend.device_index()
+
+
+def test_xla_on_neuron_needs_the_instance_type_and_on_cpu_none(
+    machine: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's instance type is empty unless given. PyTorch/XLA on CPU runs without one
+    (no Neuron memory to size against); on a Neuron node it is refused, as for native."""
+    device.XlaBackend.check_instance("")
+    device.XlaBackend.check_plan(
+        strategy="ddp", model="preset 'tiny'", num_params=10**6, instance_type=""
+    )
+    monkeypatch.setenv("NEURON_STACK", "xla")
+    with pytest.raises(ValueError, match=r"^the xla stack needs the node's Trainium instance type"):
+        device.XlaBackend.check_instance("")
+    device.XlaBackend.check_instance("trn1.32xlarge")
+
+
 def test_cpu_trains_in_fp32_and_cuda_and_neuron_in_bf16_autocast() -> None:
     assert device.Backend().precision() == "fp32"
     assert _unstarted(device.NeuronBackend).precision() == "bf16 autocast"

@@ -218,3 +218,18 @@ def test_the_timed_window_runs_the_all_reduce_on_a_lazy_device(
         assert events[i + 1 : i + 3] == ["mark", "wait"]  # the transfer ran inside the window
     for i in rounds[1:]:
         assert events[i + 3] == "clock"
+
+
+def test_node_mode_refuses_an_environment_that_contradicts_itself_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NEURON_STACK", "xla")
+    monkeypatch.setenv("TRN_INSTANCE_TYPE", "trn1.32xlarge")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--cache_dir=/tmp/mine")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torchrun must not start")
+
+    monkeypatch.setattr(validate_node.subprocess, "run", refuse)
+    assert validate_node.main([]) == 2
+    assert capsys.readouterr().err.startswith("error: NEURON_CC_FLAGS sets --cache_dir=/tmp/mine")

@@ -144,6 +144,31 @@ def test_a_stack_that_cannot_run_on_the_instance_type_is_refused(tmp_path: Path)
     assert "trn1.32xlarge" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"NEURON_CC_FLAGS": "--cache_dir=/tmp/mine"},
+            "NEURON_CC_FLAGS sets --cache_dir=/tmp/mine",
+        ),
+        (
+            {"NEURON_CC_FLAGS": "--logical-nc-config=1", "NEURON_LOGICAL_NC_CONFIG": "2"},
+            "NEURON_CC_FLAGS sets --logical-nc-config 1 but NEURON_LOGICAL_NC_CONFIG is 2",
+        ),
+    ],
+)
+def test_flags_the_node_cannot_take_are_one_line_and_exit_2(
+    tmp_path: Path, extra: dict[str, str], message: str
+) -> None:
+    env = job_env(tmp_path, NEURON_STACK="xla", TRN_INSTANCE_TYPE="trn1.32xlarge", **extra)
+
+    done = entrypoint("--exec", "--", sys.executable, "-c", "pass", env=env)
+
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: {message}"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def under_sigterm(command: list[str], out: Path, ready: int, **extra: str) -> tuple[int, float]:
     """Runs ``entrypoint.py --exec -- command``, SIGTERMs it once ``ready`` processes have
     marked themselves ready; its exit status and the seconds from the signal to its exit."""

@@ -242,6 +242,13 @@ def test_the_deploy_flags_name_the_region_asked_not_one_cut_from_the_zone() -> N
         reservation_id="cr-0123456789abcdef0",
     )
     assert flags.startswith("-c region=us-west-2 -c availability_zone=us-west-2-lax-1a ")
+    ultra = capacity.ultraserver_deploy_flags(
+        region="us-west-2",
+        availability_zone="us-west-2-lax-1a",
+        ultraserver_type="u-trn2x64",
+        reservation_ids=["cr-0123456789abcdef0"],
+    )
+    assert ultra.startswith("-c region=us-west-2 -c availability_zone=us-west-2-lax-1a ")
 
 
 def test_a_segmented_block_prints_every_reservation(trnctl: Any, clients: Any, stub: Any) -> None:

@@ -165,6 +165,23 @@ def test_a_scheduled_block_large_enough_passes_with_its_deploy_flags(trnctl: Any
     assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0123456789abcdef0" in line
 
 
+def test_capacity_usable_now_comes_before_a_block_that_starts_later(trnctl: Any, aws: Any) -> None:
+    aws(
+        reservations=[
+            reservation(available=4, state="scheduled"),
+            reservation("cr-0fedcba9876543210", available=2, kind="targeted"),
+        ]
+    )
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    line = rows(run.stdout)["capacity reservations"]
+    assert "PASS" in line
+    assert "-c capacity=odcr -c capacity_reservation_id=cr-0fedcba9876543210" in line
+
+
 def test_quota_falls_back_to_the_aws_default_when_none_is_applied(clients: Any, stub: Any) -> None:
     quotas = stub(clients("service-quotas"))
     quotas.add_client_error("get_service_quota", "NoSuchResourceException", "no applied quota")

@@ -226,11 +226,25 @@ class NeuronBackend(Backend):
         return torch.device("neuron", index)
 
     def device_index(self) -> int:
-        """This rank's NeuronCore among those it sees. TorchNeuron shows each rank its own
-        logical core only (``NEURON_RT_VISIBLE_CORES=LOCAL_RANK``), as index 0: the Neuron guide
-        to torch.distributed puts every rank's tensors on ``torch.device("neuron")``. A process
-        that sees the node's cores takes the one of its local rank."""
-        return self.local_rank if torch.accelerator.device_count() > 1 else 0
+        """This rank's NeuronCore among those it sees: index 0 where it sees one (TorchNeuron
+        pins a rank to its core, ``NEURON_RT_VISIBLE_CORES=LOCAL_RANK``, as platform-facts has
+        it; the Neuron guide to torch.distributed puts every rank's tensors on
+        ``torch.device("neuron")``), its local rank where it sees the node's cores. Which of the
+        two TorchNeuron 2.33 does has not been tried on a device here.
+
+        Raises:
+            ValueError: the process sees several cores, but not as many as its local rank needs.
+        """
+        count = torch.accelerator.device_count()
+        if count == 1:
+            return 0
+        if self.local_rank < count:
+            return self.local_rank
+        raise ValueError(
+            f"local rank {self.local_rank} sees {count} NeuronCores "
+            f"(NEURON_RT_VISIBLE_CORES={os.environ.get('NEURON_RT_VISIBLE_CORES')!r}): neither "
+            "its own core alone nor the node's"
+        )
 
     def synchronize(self) -> None:
         torch.accelerator.synchronize(self.device)
@@ -325,6 +339,17 @@ class XlaBackend(Backend):
         return stack == "xla" or any(DEV_DIR.glob("neuron[0-9]*"))
 
     @classmethod
+    def check_instance(cls, instance_type: str) -> None:
+        """On Neuron (:meth:`detected`) the node's type must be named, as for the native stack;
+        PyTorch/XLA on CPU needs none.
+
+        Raises:
+            ValueError: no instance type on a Neuron node.
+        """
+        if not instance_type and cls.detected():
+            stacks.check_instance(stacks.STACKS["xla"], instance_type)
+
+    @classmethod
     def check_plan(
         cls, *, strategy: Parallel, model: str, num_params: int, instance_type: str
     ) -> None:
@@ -342,6 +367,8 @@ class XlaBackend(Backend):
                 "does not support FSDP2; use --parallel ddp (a full replica per NeuronCore), "
                 "or the native stack on trn2/trn3 to shard"
             )
+        if not instance_type:
+            return  # off Neuron (check_instance refuses a Neuron node without one)
         needed = num_params * TRAIN_STATE_BYTES_PER_PARAM
         available = device_memory_per_rank(instance_type, logical_nc_config(instance_type))
         if needed > available:

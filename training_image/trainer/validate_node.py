@@ -156,15 +156,21 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def launch(args: argparse.Namespace, passthrough: Sequence[str]) -> int:
-    """Node mode: torchrun over this node's ranks, each running ``--worker``."""
+    """Node mode: torchrun over this node's ranks, each running ``--worker``; exit 2, with one
+    line, where the node's environment contradicts itself (the launcher's ValueErrors)."""
     from trainer import launch as entry
 
-    env = entry.job_environment(os.environ, compiler=entry.compiler_version())
+    try:
+        env = entry.job_environment(os.environ, compiler=entry.compiler_version())
+        prefix = entry.torchrun_prefix(env)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     entry.prepare_cache(env)
     # The image's stack device, as for training: without a Neuron device the all-reduce fails
     # rather than passing over CPU and TCP. A --device given here comes later and wins.
     argv = [
-        *entry.torchrun_prefix(env),
+        *prefix,
         *["-m", "trainer.validate_node", "--worker"],
         *entry.stack_device_args(env),
         *passthrough,
