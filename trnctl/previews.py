@@ -9,7 +9,7 @@ expiry is reported and left alone, and a stack with neither tag is never looked 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -149,18 +149,28 @@ def reap(
 
 def new_expiry(stack: PreviewStack, hours: int, now: datetime) -> datetime:
     """The expiry after extending by ``hours``: from the current expiry if it is still ahead,
-    else (expired, malformed or missing) from ``now``; never more than
+    else (expired, malformed or missing) from ``now``; capped at
     :data:`~trn_catalog.outputs.MAX_PREVIEW_TTL_HOURS` after ``now``, so that extending again and
-    again keeps a preview within two weeks of its last extension."""
+    again keeps a preview within two weeks of its last extension. Never earlier than the current
+    expiry (an extension does not shorten one set further ahead by hand)."""
     current = stack.expires
     base = current if current is not None and current > now else now
-    return min(base + timedelta(hours=hours), now + timedelta(hours=MAX_PREVIEW_TTL_HOURS))
+    cap = max(now + timedelta(hours=MAX_PREVIEW_TTL_HOURS), base)
+    return min(base + timedelta(hours=hours), cap)
+
+
+def capped(stack: PreviewStack, hours: int, now: datetime) -> bool:
+    """Whether :func:`new_expiry` moves ``stack`` by less than ``hours`` (the two-week cap)."""
+    current = stack.expires
+    base = current if current is not None and current > now else now
+    return new_expiry(stack, hours, now) < base + timedelta(hours=hours)
 
 
 def extend(
     cfn: Any, project: str, hours: int, now: datetime
 ) -> list[tuple[PreviewStack, datetime]]:
-    """Move the expiry of every stack of ``project`` by ``hours`` (see :func:`new_expiry`).
+    """Move the expiry of every stack of ``project`` by ``hours`` (see :func:`new_expiry`);
+    returns each stack as it was with its new expiry.
 
     Tags change through a stack update that keeps the template and parameters; CloudFormation
     passes the new tag on to the stack's resources.
@@ -198,5 +208,5 @@ def extend(
             Capabilities=CAPABILITIES,
             Tags=[{"Key": key, "Value": value} for key, value in tags.items()],
         )
-        changed.append((replace(stack, tags=tags), expiry))
+        changed.append((stack, expiry))
     return changed

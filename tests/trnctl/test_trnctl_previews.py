@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -194,7 +195,22 @@ def test_an_extension_ends_at_most_two_weeks_from_now() -> None:
         tags={TAG_PREVIEW: "gamma", TAG_EXPIRES_AT: "2026-12-14T00:00:00Z"},  # 300 h ahead
     )
     assert previews.new_expiry(stack, 336, now) == now + timedelta(hours=336)
+    assert previews.capped(stack, 336, now)
     assert previews.new_expiry(stack, 12, now) == now + timedelta(hours=312)
+    assert not previews.capped(stack, 12, now)
+    # An expiry set further ahead by hand is never shortened.
+    far = dataclasses.replace(stack, tags={**stack.tags, TAG_EXPIRES_AT: "2027-01-01T00:00:00Z"})
+    assert previews.new_expiry(far, 12, now) == datetime(2027, 1, 1, tzinfo=UTC)
+
+
+def test_extend_says_when_the_cap_applied(trnctl: Any, cfn: Any) -> None:
+    far = f"{NOW + timedelta(hours=300):%Y-%m-%dT%H:%M:%SZ}"
+    tagged(cfn, "trn-pv-gamma-network", "gamma", far)
+
+    run = trnctl("preview", "extend", "gamma", "--hours", "100")
+
+    assert run.exit_code == 0, run.stderr
+    assert "(capped at two weeks from now) (stack update started)" in run.stdout
 
 
 def test_extend_of_an_unknown_project_exits_4(trnctl: Any, cfn: Any) -> None:

@@ -57,16 +57,25 @@ def preview_list(project: ProjectOption = None, region: RegionOption = None) -> 
 @app.command("extend")
 def preview_extend(
     project: Annotated[str, typer.Argument(help="The preview's project name.")],
-    hours: Annotated[int, typer.Option("--hours", help="Hours to add (1-336).")],
+    hours: Annotated[
+        int,
+        typer.Option(
+            "--hours", help="Hours to add (1-336); the expiry never goes past two weeks from now."
+        ),
+    ],
     region: RegionOption = None,
 ) -> None:
-    """Move the expiry of a project's stacks by --hours (from now if already expired)."""
+    """Move the expiry of a project's stacks by --hours (from now if already expired), to at
+    most two weeks from now."""
     cfn = aws.client("cloudformation", common.region_of(region))
-    changed = previews.extend(cfn, project, hours, datetime.now(UTC))
+    now = datetime.now(UTC)
+    changed = previews.extend(cfn, project, hours, now)
     console = common.console()
     for stack, expiry in changed:
+        capped = " (capped at two weeks from now)" if previews.capped(stack, hours, now) else ""
         console.print(
-            f"{stack.name}: expires-at {previews.format_expiry(expiry)} (stack update started)",
+            f"{stack.name}: expires-at {previews.format_expiry(expiry)}{capped} "
+            "(stack update started)",
             soft_wrap=True,
         )
 
