@@ -193,7 +193,7 @@ class TrainiumNodeGroup(Construct):
     ``odcr`` launches into the reservation only.
 
     A Capacity Block group is never updated in place: EKS updates such a group only at desired
-    size 0, and a rolling update needs instances the block does not have. Any change to its
+    size 0 (EKS user guide, Capacity Blocks for managed node groups). Any change to its
     launch template (a new block, type or volume) gives the group a new name, so CloudFormation
     creates a new group and then deletes the old one. Inside one fully used block, scale to 0
     first: the new group's nodes have no room until the old group's are gone. On-demand and odcr

@@ -409,9 +409,10 @@ class TrainingWorkspace(Construct):
             **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
         }
         # aws-ofi-nccl runs NCCL over libfabric's EFA provider. Its docs (doc/efa-env-var.md,
-        # v1.21.1) call these two needless with current releases and harmless: kept for older
-        # plugins, RDMA only where the type's EFA has it (EC2's EFA supported-instance table).
-        # What keeps NCCL on EFA across nodes is the launcher's NCCL_NET.
+        # v1.21.1): FI_PROVIDER=efa "use for aws-ofi-nccl<=1.5.0"; FI_EFA_USE_DEVICE_RDMA=1 not
+        # needed with libfabric >= 1.18 and the plugin >= 1.7, "not harmful" on p4/p5; set here
+        # for older plugins, RDMA only where the type's EFA has it (EC2's EFA table). What keeps
+        # NCCL on EFA across nodes is the launcher's NCCL_NET.
         env = [
             {"name": GPU_INSTANCE_TYPE_ENV, "value": spec.name},
             {"name": "FI_PROVIDER", "value": "efa"},

@@ -166,8 +166,9 @@ _P5EN = GpuInstanceSpec(
     sources=_sources("nvidia-h200", efa_interfaces="ec2-describe-instance-types"),
 )
 
-# 8 x B200 (179 GiB), 8 network cards of 400 Gbps EFA each and 32 interfaces; 8 EFA
-# interfaces, one per card (EC2's DescribeInstanceTypes).
+# 8 x B200 (179 GiB), 8 network cards and 32 interfaces, 3,200 Gbps; 8 EFA interfaces, one per
+# card (EC2's DescribeInstanceTypes, which gives each card 200 Gbps of the 3,200: the cards'
+# figures and the total disagree there, and the catalog keeps the total).
 _P6_B200 = GpuInstanceSpec(
     name="p6-b200.48xlarge",
     gpu="B200",

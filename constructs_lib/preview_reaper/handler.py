@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -168,9 +169,9 @@ def move_schedule(scheduler: Any, name: str, group: str, when: datetime) -> None
     description that ends in " at <time>" (the platform's) names the new time."""
     current = scheduler.get_schedule(Name=name, GroupName=group)
     keep = ("Description", "FlexibleTimeWindow", "Target", "KmsKeyArn", "ActionAfterCompletion")
-    if " at " in current.get("Description", ""):
-        head = current["Description"].rsplit(" at ", 1)[0]
-        current["Description"] = f"{head} at {when.astimezone(UTC).strftime(EXPIRY_FORMAT)}"
+    timed = re.fullmatch(r"(.*) at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", current.get("Description", ""))
+    if timed:
+        current["Description"] = f"{timed[1]} at {when.astimezone(UTC).strftime(EXPIRY_FORMAT)}"
     scheduler.update_schedule(
         Name=name,
         GroupName=group,

@@ -212,6 +212,18 @@ def test_move_schedule_keeps_the_target(cloudformation: Any) -> None:
     assert moved["Target"]["Arn"] == target["Arn"] and moved["Target"]["Input"] == target["Input"]
     assert moved["FlexibleTimeWindow"] == {"Mode": "OFF"}
     assert moved["Description"] == "Delete preview alpha at 2026-12-02T11:00:00Z"
+    scheduler.update_schedule(
+        Name="trn-pv-alpha-expiry",
+        Description="Delete preview alpha at once, please",
+        ScheduleExpression="at(2026-12-02T11:00:00)",
+        FlexibleTimeWindow={"Mode": "OFF"},
+        Target=target,
+    )
+    move_schedule(
+        scheduler, "trn-pv-alpha-expiry", "default", datetime(2026, 12, 3, 11, 0, tzinfo=UTC)
+    )
+    kept = scheduler.get_schedule(Name="trn-pv-alpha-expiry", GroupName="default")
+    assert kept["Description"] == "Delete preview alpha at once, please"
 
 
 @pytest.mark.parametrize(

@@ -242,7 +242,8 @@ def gpu_environment(
     set) libfabric's EFA provider for NCCL's plugin, ``FI_EFA_USE_DEVICE_RDMA=1`` only on types
     whose EFA supports RDMA (GPUDirect RDMA; the catalog's ``efa_rdma``) and
     ``FI_EFA_FORK_SAFE=1`` on kernels older than 5.15 (settings older aws-ofi-nccl releases
-    needed and newer ones accept), and across nodes ``NCCL_NET`` = :data:`NCCL_EFA_NET`, so that
+    needed; its v1.21.1 docs call the RDMA one harmless on p4/p5 and the fork-safe one no longer
+    needed), and across nodes ``NCCL_NET`` = :data:`NCCL_EFA_NET`, so that
     a plugin that cannot start stops the run instead of leaving a GPU comparison on TCP
     sockets. No Neuron compiler flags or compile cache."""
     env = dict(environ)
