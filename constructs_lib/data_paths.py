@@ -72,6 +72,9 @@ class TrainingDataPathsProps:
         checkpoints_bucket: bring your own checkpoints bucket (exported from ``/checkpoints``,
             read and written by jobs; its key, if any, as for ``datasets_bucket``; the checkpoint
             lifecycle props do not apply to it). Default: a new versioned bucket.
+        checkpoints_key: the KMS key of your ``checkpoints_bucket`` when the bucket object does
+            not carry it: the job role gets ``kms:Decrypt`` and ``kms:GenerateDataKey*`` on it
+            (S3 needs both to read and write SSE-KMS objects). Default none.
         access_logs_bucket: bring your own bucket for the S3 server access logs of the buckets
             this construct creates (it must admit log delivery from ``logging.s3.amazonaws.com``
             and use SSE-S3; an imported bucket's policy is yours to keep so). Default: a new
@@ -93,6 +96,7 @@ class TrainingDataPathsProps:
     datasets_bucket: s3.IBucket | None = None
     datasets_key: kms.IKey | None = None
     checkpoints_bucket: s3.IBucket | None = None
+    checkpoints_key: kms.IKey | None = None
     access_logs_bucket: s3.IBucket | None = None
 
 
@@ -118,7 +122,8 @@ class TrainingDataPaths(Construct):
 
     Raises:
         ValueError: storage or throughput not allowed for PERSISTENT_2 (or for EFA), EFA with
-            CIDR clients, a lifecycle period below one day, or an ``fsx_subnet`` outside
+            CIDR clients, a lifecycle period below one day, a ``datasets_key`` or
+            ``checkpoints_key`` without its bucket, or an ``fsx_subnet`` outside
             ``trn_availability_zone``; each message names the prop, the value and what is
             allowed.
     """
@@ -240,12 +245,24 @@ class TrainingDataPaths(Construct):
         if self.props.datasets_key is not None:
             for role in roles:
                 self.props.datasets_key.grant_decrypt(role)
+        if self.props.checkpoints_key is not None:
+            self.props.checkpoints_key.grant_encrypt_decrypt(job)
+        # grant_read_write's s3:DeleteObject* includes DeleteObjectVersion: a job could purge the
+        # older checkpoint versions the bucket keeps for checkpoint_noncurrent_days.
+        job.add_to_policy(
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                actions=["s3:DeleteObjectVersion"],
+                resources=[self.checkpoints.arn_for_objects("*")],
+            )
+        )
         for role in roles:
             acknowledge_wildcards(
                 role,
-                "Object-level wildcards (bucket/*, s3:GetObject*, kms:GenerateDataKey*) come from "
-                "CDK's grant_read/grant_read_write on this construct's own buckets and key; jobs "
-                "address objects by key, which cannot be listed ahead of time.",
+                "Wildcards (bucket/*, s3:GetObject*, s3:DeleteObject*, kms:GenerateDataKey*) come "
+                "from CDK's grant_read/grant_read_write on the data buckets and their keys; jobs "
+                "address objects by key, which cannot be listed ahead of time; deleting object "
+                "versions of checkpoints is denied.",
             )
         return job, mountpoint
 
@@ -352,7 +369,15 @@ class TrainingDataPaths(Construct):
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AllowFsxDataRepositoryAccess",
-                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey*", "kms:DescribeKey"],
+                # The statement the FSx for Lustre guide gives for SSE-KMS buckets ("Working
+                # with server-side encrypted Amazon S3 buckets").
+                actions=[
+                    "kms:Encrypt",
+                    "kms:Decrypt",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:DescribeKey",
+                ],
                 principals=[iam.AnyPrincipal()],
                 resources=["*"],
                 conditions={
@@ -481,11 +506,15 @@ def _validate(props: TrainingDataPathsProps) -> None:
             f"fsx_throughput_per_tib {props.fsx_throughput_per_tib} is not allowed; "
             f"{fsx_limits.THROUGHPUT_RULE}"
         )
-    if props.datasets_key is not None and props.datasets_bucket is None:
-        raise ValueError(
-            "datasets_key is the key of your datasets_bucket; without datasets_bucket the "
-            "construct's own bucket uses encryption_key"
-        )
+    for key, bucket in (
+        ("datasets_key", "datasets_bucket"),
+        ("checkpoints_key", "checkpoints_bucket"),
+    ):
+        if getattr(props, key) is not None and getattr(props, bucket) is None:
+            raise ValueError(
+                f"{key} is the key of your {bucket}; without {bucket} the construct's own "
+                "bucket uses encryption_key"
+            )
     for name in (
         "checkpoint_noncurrent_days",
         "compile_cache_expiry_days",

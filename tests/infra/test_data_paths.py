@@ -281,6 +281,33 @@ def test_wildcard_key_principals_are_pinned_to_the_fsx_role(dev: Synth) -> None:
     assert conditions["StringEquals"]["kms:ViaService"] == "s3.us-east-2.amazonaws.com"
     principal_arn = str(conditions["ArnLike"]["aws:PrincipalArn"])
     assert "s3.data-source.lustre.fsx.amazonaws.com/" in principal_arn
+    # The actions the FSx for Lustre guide gives the role for SSE-KMS buckets.
+    assert sorted(wildcard[0]["Action"]) == [
+        "kms:Decrypt",
+        "kms:DescribeKey",
+        "kms:Encrypt",
+        "kms:GenerateDataKey*",
+        "kms:ReEncrypt*",
+    ]
+
+
+def test_jobs_cannot_delete_the_checkpoint_versions_the_bucket_keeps(dev: Synth) -> None:
+    """CDK's read-write grant holds s3:DeleteObject*, DeleteObjectVersion included; the older
+    versions are kept for checkpoint_noncurrent_days."""
+    statements = [
+        statement
+        for logical_id, policy in dev.resources("data", "AWS::IAM::Policy").items()
+        if logical_id.startswith("DataPathsJobRole")
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    (deny,) = [s for s in statements if s["Effect"] == "Deny"]
+    assert deny["Action"] == "s3:DeleteObjectVersion"
+    (checkpoints_id,) = [
+        i
+        for i, b in dev.resources("data", "AWS::S3::Bucket").items()
+        if b is buckets(dev)["Checkpoints"]
+    ]
+    assert deny["Resource"] == {"Fn::Join": ["", [{"Fn::GetAtt": [checkpoints_id, "Arn"]}, "/*"]]}
 
 
 def test_removal_and_termination_protection_per_profile(dev: Synth, prod: Synth) -> None:

@@ -134,13 +134,41 @@ def test_without_its_key_a_kms_bucket_gets_no_decrypt() -> None:
     assert not decrypts(policy_statements(stack, "DataJobRole"), THEIR_KEY)
 
 
-def test_datasets_key_needs_your_datasets_bucket() -> None:
+@pytest.mark.parametrize("kind", ["datasets", "checkpoints"])
+def test_a_bucket_key_needs_your_bucket(kind: str) -> None:
     stack, vpc = stack_and_vpc()
-    key = kms.Key.from_key_arn(stack, "DatasetsKey", THEIR_KEY)
-    with pytest.raises(ValueError, match="datasets_key is the key of your datasets_bucket"):
+    key = kms.Key.from_key_arn(stack, "TheirKey", THEIR_KEY)
+    with pytest.raises(
+        ValueError,
+        match=rf"^{kind}_key is the key of your {kind}_bucket; without {kind}_bucket the "
+        r"construct's own bucket uses encryption_key$",
+    ):
         TrainingDataPaths(
-            stack, "Data", vpc=vpc, fsx_subnet=vpc.private_subnets[0], datasets_key=key
+            stack, "Data", vpc=vpc, fsx_subnet=vpc.private_subnets[0], **{f"{kind}_key": key}
         )
+
+
+def test_jobs_read_and_write_a_kms_checkpoints_bucket_of_yours() -> None:
+    """S3 needs kms:GenerateDataKey to write an SSE-KMS object and kms:Decrypt to read one."""
+    stack, vpc = stack_and_vpc()
+    key = kms.Key.from_key_arn(stack, "CheckpointsKey", THEIR_KEY)
+    bucket = s3.Bucket.from_bucket_name(stack, "Checkpoints", "research-checkpoints")
+    TrainingDataPaths(
+        stack,
+        "Data",
+        vpc=vpc,
+        fsx_subnet=vpc.private_subnets[0],
+        checkpoints_bucket=bucket,
+        checkpoints_key=key,
+    )
+    on_key = [
+        action
+        for s in policy_statements(stack, "DataJobRole")
+        if s["Resource"] == THEIR_KEY and s["Effect"] == "Allow"
+        for action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    ]
+    assert {"kms:Decrypt", "kms:GenerateDataKey*"} <= set(on_key)
+    assert not decrypts(policy_statements(stack, "DataMountpointRole"), THEIR_KEY)
 
 
 def rules_between(stack: cdk.Stack, kind: str, group_id: str, peer_id: str) -> set[tuple[int, int]]:
