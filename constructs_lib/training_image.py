@@ -203,8 +203,8 @@ class TrainingImage(Construct):
             construct_id,
             src=deployment.DockerImageName(asset.image_uri),
             dest=deployment.DockerImageName(image_uri),
-            # The construct's own policy is ecr:* and s3:GetObject on every resource; the
-            # grants above are all the copy needs.
+            # The construct's own policy (4.2.76) grants 14 ECR actions and s3:GetObject on
+            # every resource; the grants above, on the two repositories, are all the copy needs.
             role=role.without_policy_updates(),
             # Neuron images run to tens of GB; memory also buys the function network bandwidth.
             memory_limit=COPY_MEMORY_MIB,
