@@ -109,8 +109,9 @@ def run_forwarding_sigterm(
 def exec_main(argv: Sequence[str]) -> int:
     """``--exec [--workdir DIR] -- COMMAND...``: the trainer's checks and environment
     (:func:`trainer.launch.node_environment`), then ``COMMAND`` in ``DIR`` (default: the current
-    directory). Exit 2 for bad arguments, an image that cannot run on this node or a missing
-    ``DIR``; else the command's status (see :func:`run_forwarding_sigterm`)."""
+    directory). Exit 2 for bad arguments, an image that cannot run on this node, compiler flags
+    that contradict the node or the compile cache, or a missing ``DIR``; else the command's
+    status (see :func:`run_forwarding_sigterm`)."""
     try:
         workdir, command = parse_exec(argv)
     except ValueError as error:

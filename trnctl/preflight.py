@@ -234,9 +234,10 @@ def check_reservations(ec2: Any, request: Request) -> Check:
     )
     reservations = [r for page in pages for r in page["CapacityReservations"]]
     summary = "; ".join(_reservation_summary(r) for r in reservations)
-    # Capacity to use now before a block that starts later.
+    # Capacity to use now before a block that starts later, and the sooner block first.
     usable = sorted(
-        (r for r in reservations if _covers(r, request.count)), key=lambda r: r["State"] != "active"
+        (r for r in reservations if _covers(r, request.count)),
+        key=lambda r: (r["State"] != "active", r["StartDate"]),
     )
     if usable:
         best = usable[0]

@@ -160,17 +160,20 @@ def new_expiry(stack: PreviewStack, hours: int, now: datetime) -> datetime:
 
 
 def capped(stack: PreviewStack, hours: int, now: datetime) -> bool:
-    """Whether :func:`new_expiry` moves ``stack`` by less than ``hours`` (the two-week cap)."""
+    """Whether the two-week cap stopped :func:`new_expiry` short of ``hours`` (a stack whose
+    expiry already lies beyond it is not capped, only left as it is)."""
     current = stack.expires
     base = current if current is not None and current > now else now
-    return new_expiry(stack, hours, now) < base + timedelta(hours=hours)
+    cap = now + timedelta(hours=MAX_PREVIEW_TTL_HOURS)
+    return base < cap < base + timedelta(hours=hours)
 
 
 def extend(
     cfn: Any, project: str, hours: int, now: datetime
 ) -> list[tuple[PreviewStack, datetime]]:
     """Move the expiry of every stack of ``project`` by ``hours`` (see :func:`new_expiry`);
-    returns each stack as it was with its new expiry.
+    returns each stack as it was with its new expiry. A stack whose expiry does not move (it
+    lies beyond the cap already) is not updated.
 
     Tags change through a stack update that keeps the template and parameters; CloudFormation
     passes the new tag on to the stack's resources.
@@ -196,6 +199,11 @@ def extend(
     changed = []
     for stack in stacks:
         expiry = new_expiry(stack, hours, now)
+        if expiry == stack.expires:
+            # Already past the cap (set by hand): CloudFormation refuses an update that
+            # changes nothing ("No updates are to be performed").
+            changed.append((stack, expiry))
+            continue
         tags = {**stack.tags, TAG_EXPIRES_AT: format_expiry(expiry)}
         described = cfn.describe_stacks(StackName=stack.stack_id)["Stacks"][0]
         cfn.update_stack(

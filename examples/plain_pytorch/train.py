@@ -78,15 +78,19 @@ def batches(
 
 
 def device_of(name: str, local_rank: int) -> torch.device:
-    """This rank's device: ``cpu``, or ``cuda``/``neuron`` numbered by the local rank among the
-    devices the process sees (TorchNeuron shows each rank only its own core, as index 0)."""
+    """This rank's device: ``cpu``, or ``cuda``/``neuron``: index 0 where the process sees one
+    device (TorchNeuron pinning a rank to its core, as the platform's notes have it; untried on
+    a device here), else its local rank."""
     if name == "cpu":
         return torch.device("cpu")
     found = torch.accelerator.current_accelerator()
     if found is None or found.type != name:
         have = found.type if found is not None else "none"
         raise SystemExit(f"--device {name}, but this machine's accelerator is {have}")
-    index = local_rank if torch.accelerator.device_count() > 1 else 0
+    count = torch.accelerator.device_count()
+    index = 0 if count == 1 else local_rank
+    if index >= count:
+        raise SystemExit(f"local rank {local_rank} but this process sees {count} {name} devices")
     torch.accelerator.set_device_index(index)
     return torch.device(name, index)
 

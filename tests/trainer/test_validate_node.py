@@ -233,3 +233,10 @@ def test_node_mode_refuses_an_environment_that_contradicts_itself_in_one_line(
     monkeypatch.setattr(validate_node.subprocess, "run", refuse)
     assert validate_node.main([]) == 2
     assert capsys.readouterr().err.startswith("error: NEURON_CC_FLAGS sets --cache_dir=/tmp/mine")
+
+    # The rank count too: no instance type to count "auto" by.
+    monkeypatch.delenv("TRN_INSTANCE_TYPE")
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    monkeypatch.setenv("NPROC_PER_NODE", "auto")
+    assert validate_node.main([]) == 2
+    assert capsys.readouterr().err.startswith("error: NPROC_PER_NODE='auto' is not a whole number")

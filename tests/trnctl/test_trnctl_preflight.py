@@ -182,6 +182,19 @@ def test_capacity_usable_now_comes_before_a_block_that_starts_later(trnctl: Any,
     assert "-c capacity=odcr -c capacity_reservation_id=cr-0fedcba9876543210" in line
 
 
+def test_of_two_blocks_to_come_the_sooner_is_named(trnctl: Any, aws: Any) -> None:
+    later = reservation(available=4, state="scheduled")
+    later["StartDate"] = datetime(2026, 12, 8, 11, 30, tzinfo=UTC)
+    aws(reservations=[later, reservation("cr-0fedcba9876543210", available=2, state="scheduled")])
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    line = rows(run.stdout)["capacity reservations"]
+    assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0fedcba9876543210" in line
+
+
 def test_quota_falls_back_to_the_aws_default_when_none_is_applied(clients: Any, stub: Any) -> None:
     quotas = stub(clients("service-quotas"))
     quotas.add_client_error("get_service_quota", "NoSuchResourceException", "no applied quota")

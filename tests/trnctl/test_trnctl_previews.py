@@ -198,9 +198,34 @@ def test_an_extension_ends_at_most_two_weeks_from_now() -> None:
     assert previews.capped(stack, 336, now)
     assert previews.new_expiry(stack, 12, now) == now + timedelta(hours=312)
     assert not previews.capped(stack, 12, now)
-    # An expiry set further ahead by hand is never shortened.
+    # An expiry set further ahead by hand is never shortened, and not reported as capped.
     far = dataclasses.replace(stack, tags={**stack.tags, TAG_EXPIRES_AT: "2027-01-01T00:00:00Z"})
     assert previews.new_expiry(far, 12, now) == datetime(2027, 1, 1, tzinfo=UTC)
+    assert not previews.capped(far, 12, now)
+
+
+def test_a_stack_already_past_the_cap_is_not_updated(trnctl: Any, cfn: Any) -> None:
+    """CloudFormation refuses an update that changes nothing (moto accepts one)."""
+    far = f"{NOW + timedelta(hours=400):%Y-%m-%dT%H:%M:%SZ}"
+    tagged(cfn, "trn-pv-gamma-network", "gamma", far)
+    updated: list[str] = []
+    real = aws.client
+
+    def client(service: str, region: str | None = None) -> Any:
+        made = real(service, region)
+        if service == "cloudformation":
+            original = made.update_stack
+            made.update_stack = lambda **kw: updated.append(kw["StackName"]) or original(**kw)
+        return made
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(aws, "client", client)
+        run = trnctl("preview", "extend", "gamma", "--hours", "12")
+
+    assert run.exit_code == 0, run.stderr
+    assert updated == []
+    assert f"expires-at {far} (unchanged: already past two weeks from now)" in run.stdout
+    assert tags_of(cfn, "trn-pv-gamma-network")[TAG_EXPIRES_AT] == far
 
 
 def test_extend_says_when_the_cap_applied(trnctl: Any, cfn: Any) -> None:

@@ -354,7 +354,8 @@ class XlaBackend(Backend):
         cls, *, strategy: Parallel, model: str, num_params: int, instance_type: str
     ) -> None:
         """Each rank holds a full replica: refuses ``fsdp`` and a model whose FP32 weights,
-        gradients and AdamW state outgrow one NeuronCore's device memory.
+        gradients and AdamW state outgrow one NeuronCore's device memory (not sized without an
+        instance type: PyTorch/XLA on CPU).
 
         Raises:
             ValueError: naming the strategy, or the model (its label ``model``), the bytes it

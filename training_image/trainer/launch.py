@@ -281,7 +281,8 @@ def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
     NCCL can use EFA).
 
     Raises:
-        ValueError: why the image cannot run on this node (:func:`node_problem`).
+        ValueError: why the image cannot run on this node (:func:`node_problem`), or compiler
+            flags that contradict it (:func:`job_environment`).
     """
     problem = node_problem(environ)
     if problem:

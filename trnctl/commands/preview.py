@@ -60,7 +60,9 @@ def preview_extend(
     hours: Annotated[
         int,
         typer.Option(
-            "--hours", help="Hours to add (1-336); the expiry never goes past two weeks from now."
+            "--hours",
+            help="Hours to add (1-336), up to two weeks from now; an expiry set further ahead "
+            "is left as it is.",
         ),
     ],
     region: RegionOption = None,
@@ -72,11 +74,14 @@ def preview_extend(
     changed = previews.extend(cfn, project, hours, now)
     console = common.console()
     for stack, expiry in changed:
-        capped = " (capped at two weeks from now)" if previews.capped(stack, hours, now) else ""
+        if expiry == stack.expires:
+            note = "(unchanged: already past two weeks from now)"
+        elif previews.capped(stack, hours, now):
+            note = "(capped at two weeks from now) (stack update started)"
+        else:
+            note = "(stack update started)"
         console.print(
-            f"{stack.name}: expires-at {previews.format_expiry(expiry)}{capped} "
-            "(stack update started)",
-            soft_wrap=True,
+            f"{stack.name}: expires-at {previews.format_expiry(expiry)} {note}", soft_wrap=True
         )
 
 
