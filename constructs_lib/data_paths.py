@@ -52,7 +52,8 @@ class TrainingDataPathsProps:
         removal_policy: of the buckets, key and file system this construct creates; DESTROY
             also empties the buckets on deletion. Default RETAIN, as aws-cdk-lib keeps stateful
             resources (resources you bring are never touched).
-        checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept.
+        checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept
+            (jobs may not delete versions).
             Default 14.
         compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
             recompile. Default 90.
@@ -246,7 +247,7 @@ class TrainingDataPaths(Construct):
             for role in roles:
                 self.props.datasets_key.grant_decrypt(role)
         if self.props.checkpoints_key is not None:
-            self.props.checkpoints_key.grant_encrypt_decrypt(job)
+            self.props.checkpoints_key.grant(job, "kms:Decrypt", "kms:GenerateDataKey*")
         # grant_read_write's s3:DeleteObject* includes DeleteObjectVersion: a job could purge the
         # older checkpoint versions the bucket keeps for checkpoint_noncurrent_days.
         job.add_to_policy(
@@ -369,8 +370,9 @@ class TrainingDataPaths(Construct):
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
                 sid="AllowFsxDataRepositoryAccess",
-                # The statement the FSx for Lustre guide gives for SSE-KMS buckets ("Working
-                # with server-side encrypted Amazon S3 buckets").
+                # The actions the FSx for Lustre guide gives this role for SSE-KMS buckets
+                # ("Working with server-side encrypted Amazon S3 buckets"); the conditions match
+                # the role by path, its name not being known before deploy.
                 actions=[
                     "kms:Encrypt",
                     "kms:Decrypt",

@@ -8,7 +8,7 @@ the account in that region actually has.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -24,6 +24,8 @@ from trnctl.capacity import block_instance_count
 TRN_ON_DEMAND_QUOTA_CODE = "L-2C3B7624"
 TRN_ON_DEMAND_QUOTA_NAME = "Running On-Demand Trn instances"
 QUOTA_SOURCE = "quota code from public infrastructure repos (no AWS page found)"
+# Sorts a reservation EC2 gives no StartDate (the field is optional in its model) first.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Status(StrEnum):
@@ -237,7 +239,7 @@ def check_reservations(ec2: Any, request: Request) -> Check:
     # Capacity to use now before a block that starts later, and the sooner block first.
     usable = sorted(
         (r for r in reservations if _covers(r, request.count)),
-        key=lambda r: (r["State"] != "active", r["StartDate"]),
+        key=lambda r: (r["State"] != "active", r.get("StartDate") or _EPOCH),
     )
     if usable:
         best = usable[0]
@@ -266,10 +268,10 @@ def _reservation_summary(reservation: dict[str, Any]) -> str:
         "capacity-block"
     ):
         count = block_instance_count(reservation)
-        start = reservation["StartDate"].astimezone(UTC)
+        start = reservation.get("StartDate")
+        when = "?" if start is None else f"{start.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
         return (
-            f"{head}: {'?' if count is None else count} x {reservation['InstanceType']} from "
-            f"{start:%Y-%m-%d %H:%M} UTC"
+            f"{head}: {'?' if count is None else count} x {reservation['InstanceType']} from {when}"
         )
     return (
         f"{head} {reservation['AvailableInstanceCount']}/{reservation['TotalInstanceCount']} free"

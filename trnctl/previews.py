@@ -153,19 +153,24 @@ def new_expiry(stack: PreviewStack, hours: int, now: datetime) -> datetime:
     :data:`~trn_catalog.outputs.MAX_PREVIEW_TTL_HOURS` after ``now``, so that extending again and
     again keeps a preview within two weeks of its last extension. Never earlier than the current
     expiry (an extension does not shorten one set further ahead by hand)."""
-    current = stack.expires
-    base = current if current is not None and current > now else now
-    cap = max(now + timedelta(hours=MAX_PREVIEW_TTL_HOURS), base)
-    return min(base + timedelta(hours=hours), cap)
+    base, cap = _base_and_cap(stack, now)
+    return min(base + timedelta(hours=hours), max(cap, base))
 
 
 def capped(stack: PreviewStack, hours: int, now: datetime) -> bool:
     """Whether the two-week cap stopped :func:`new_expiry` short of ``hours`` (a stack whose
-    expiry already lies beyond it is not capped, only left as it is)."""
+    expiry already lies at or beyond it is not capped, only left as it is)."""
+    base, cap = _base_and_cap(stack, now)
+    return base < cap < base + timedelta(hours=hours)
+
+
+def _base_and_cap(stack: PreviewStack, now: datetime) -> tuple[datetime, datetime]:
+    """Where an extension counts from (the current expiry if still ahead, else ``now``) and
+    the two-week cap, to the whole second, as the expiry tag holds them."""
+    now = now.replace(microsecond=0)
     current = stack.expires
     base = current if current is not None and current > now else now
-    cap = now + timedelta(hours=MAX_PREVIEW_TTL_HOURS)
-    return base < cap < base + timedelta(hours=hours)
+    return base, now + timedelta(hours=MAX_PREVIEW_TTL_HOURS)
 
 
 def extend(

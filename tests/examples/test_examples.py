@@ -185,3 +185,32 @@ def test_hadolint_is_clean() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("visible", "local_rank", "index"), [(1, 3, 0), (8, 3, 3), (2, 3, None)])
+def test_the_plain_example_takes_the_device_the_rank_sees(
+    visible: int, local_rank: int, index: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's rule: index 0 where a process sees one device (TorchNeuron pinning a rank
+    to its core), its local rank where it sees them all, else a stop naming both counts."""
+    import importlib.util
+
+    import torch
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "plain_pytorch" / "train.py"
+    spec = importlib.util.spec_from_file_location("plain_pytorch_train", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", chosen.append)
+
+    if index is None:
+        with pytest.raises(SystemExit, match=r"^local rank 3 but this process sees 2 cuda"):
+            example.device_of("cuda", local_rank)
+        assert chosen == []
+    else:
+        assert example.device_of("cuda", local_rank) == torch.device("cuda", index)
+        assert chosen == [index]

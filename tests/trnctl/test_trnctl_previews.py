@@ -202,6 +202,11 @@ def test_an_extension_ends_at_most_two_weeks_from_now() -> None:
     far = dataclasses.replace(stack, tags={**stack.tags, TAG_EXPIRES_AT: "2027-01-01T00:00:00Z"})
     assert previews.new_expiry(far, 12, now) == datetime(2027, 1, 1, tzinfo=UTC)
     assert not previews.capped(far, 12, now)
+    # At the cap, to the tag's second (now carries microseconds): unchanged, not capped.
+    at_cap = dataclasses.replace(stack, tags={**stack.tags, TAG_EXPIRES_AT: "2026-12-15T12:00:00Z"})
+    late = now.replace(microsecond=500_000)
+    assert previews.new_expiry(at_cap, 12, late) == at_cap.expires
+    assert not previews.capped(at_cap, 12, late)
 
 
 def test_a_stack_already_past_the_cap_is_not_updated(trnctl: Any, cfn: Any) -> None:
@@ -224,7 +229,7 @@ def test_a_stack_already_past_the_cap_is_not_updated(trnctl: Any, cfn: Any) -> N
 
     assert run.exit_code == 0, run.stderr
     assert updated == []
-    assert f"expires-at {far} (unchanged: already past two weeks from now)" in run.stdout
+    assert f"expires-at {far} (unchanged: already at or past two weeks from now)" in run.stdout
     assert tags_of(cfn, "trn-pv-gamma-network")[TAG_EXPIRES_AT] == far
 
 

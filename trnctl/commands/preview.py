@@ -67,15 +67,16 @@ def preview_extend(
     ],
     region: RegionOption = None,
 ) -> None:
-    """Move the expiry of a project's stacks by --hours (from now if already expired), to at
-    most two weeks from now."""
+    """Move the expiry of a project's stacks by --hours (from now if it has passed or its tag
+    is missing or malformed), up to two weeks from now; an expiry set further ahead is left as
+    it is."""
     cfn = aws.client("cloudformation", common.region_of(region))
     now = datetime.now(UTC)
     changed = previews.extend(cfn, project, hours, now)
     console = common.console()
     for stack, expiry in changed:
         if expiry == stack.expires:
-            note = "(unchanged: already past two weeks from now)"
+            note = "(unchanged: already at or past two weeks from now)"
         elif previews.capped(stack, hours, now):
             note = "(capped at two weeks from now) (stack update started)"
         else:
