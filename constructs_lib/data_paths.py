@@ -53,8 +53,7 @@ class TrainingDataPathsProps:
             also empties the buckets on deletion. Default RETAIN, as aws-cdk-lib keeps stateful
             resources (resources you bring are never touched).
         checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept
-            (jobs may not delete versions).
-            Default 14.
+            (jobs may not delete versions). Default 14.
         compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
             recompile. Default 90.
         access_log_expiry_days: days S3 server access logs are kept. Default 365.
@@ -371,8 +370,10 @@ class TrainingDataPaths(Construct):
             iam.PolicyStatement(
                 sid="AllowFsxDataRepositoryAccess",
                 # The actions the FSx for Lustre guide gives this role for SSE-KMS buckets
-                # ("Working with server-side encrypted Amazon S3 buckets"); the conditions match
-                # the role by path, its name not being known before deploy.
+                # ("Working with server-side encrypted Amazon S3 buckets"). The conditions differ:
+                # the role is matched by path, its name not being known before deploy, and the
+                # guide's encryption-context condition on the bucket ARN is left out, since the
+                # key serves every bucket of the construct.
                 actions=[
                     "kms:Encrypt",
                     "kms:Decrypt",

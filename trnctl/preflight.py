@@ -24,8 +24,9 @@ from trnctl.capacity import block_instance_count
 TRN_ON_DEMAND_QUOTA_CODE = "L-2C3B7624"
 TRN_ON_DEMAND_QUOTA_NAME = "Running On-Demand Trn instances"
 QUOTA_SOURCE = "quota code from public infrastructure repos (no AWS page found)"
-# Sorts a reservation EC2 gives no StartDate (the field is optional in its model) first.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Sorts a reservation EC2 gives no StartDate (the field is optional in its model) after those
+# whose start is known.
+_UNKNOWN_START = datetime.max.replace(tzinfo=UTC)
 
 
 class Status(StrEnum):
@@ -239,7 +240,7 @@ def check_reservations(ec2: Any, request: Request) -> Check:
     # Capacity to use now before a block that starts later, and the sooner block first.
     usable = sorted(
         (r for r in reservations if _covers(r, request.count)),
-        key=lambda r: (r["State"] != "active", r.get("StartDate") or _EPOCH),
+        key=lambda r: (r["State"] != "active", r.get("StartDate") or _UNKNOWN_START),
     )
     if usable:
         best = usable[0]

@@ -178,7 +178,7 @@ def extend(
 ) -> list[tuple[PreviewStack, datetime]]:
     """Move the expiry of every stack of ``project`` by ``hours`` (see :func:`new_expiry`);
     returns each stack as it was with its new expiry. A stack whose expiry does not move (it
-    lies beyond the cap already) is not updated.
+    lies at or beyond the cap already) is not updated.
 
     Tags change through a stack update that keeps the template and parameters; CloudFormation
     passes the new tag on to the stack's resources.
@@ -205,8 +205,9 @@ def extend(
     for stack in stacks:
         expiry = new_expiry(stack, hours, now)
         if expiry == stack.expires:
-            # Already past the cap (set by hand): CloudFormation refuses an update that
-            # changes nothing ("No updates are to be performed").
+            # At or past the cap already (set by hand, or extended this second):
+            # CloudFormation refuses an update that changes nothing ("No updates are to be
+            # performed").
             changed.append((stack, expiry))
             continue
         tags = {**stack.tags, TAG_EXPIRES_AT: format_expiry(expiry)}

@@ -193,12 +193,12 @@ def test_the_plain_example_takes_the_device_the_rank_sees(
 ) -> None:
     """The trainer's rule: index 0 where a process sees one device (TorchNeuron pinning a rank
     to its core), its local rank where it sees them all, else a stop naming both counts."""
+    # Imported here: the rest of this module runs the examples as processes, without torch.
     import importlib.util
 
     import torch
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "plain_pytorch" / "train.py"
-    spec = importlib.util.spec_from_file_location("plain_pytorch_train", path)
+    spec = importlib.util.spec_from_file_location("plain_pytorch_train", PLAIN)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -182,6 +182,21 @@ def test_capacity_usable_now_comes_before_a_block_that_starts_later(trnctl: Any,
     assert "-c capacity=odcr -c capacity_reservation_id=cr-0fedcba9876543210" in line
 
 
+def test_a_block_without_a_start_date_comes_after_one_with(trnctl: Any, aws: Any) -> None:
+    """StartDate is optional in EC2's model: an unknown start is not taken for the sooner."""
+    unknown = reservation(available=4, state="scheduled")
+    del unknown["StartDate"]
+    aws(reservations=[unknown, reservation("cr-0fedcba9876543210", available=2, state="scheduled")])
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
+    )
+
+    line = rows(run.stdout)["capacity reservations"]
+    assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0fedcba9876543210" in line
+    assert "cr-0123456789abcdef0 capacity-block scheduled: 4 x trn2.48xlarge from ?" in line
+
+
 def test_of_two_blocks_to_come_the_sooner_is_named(trnctl: Any, aws: Any) -> None:
     later = reservation(available=4, state="scheduled")
     later["StartDate"] = datetime(2026, 12, 8, 11, 30, tzinfo=UTC)
