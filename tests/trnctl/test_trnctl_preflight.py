@@ -165,49 +165,63 @@ def test_a_scheduled_block_large_enough_passes_with_its_deploy_flags(trnctl: Any
     assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0123456789abcdef0" in line
 
 
-def test_capacity_usable_now_comes_before_a_block_that_starts_later(trnctl: Any, aws: Any) -> None:
-    aws(
-        reservations=[
-            reservation(available=4, state="scheduled"),
-            reservation("cr-0fedcba9876543210", available=2, kind="targeted"),
-        ]
-    )
+def scheduled(reservation_id: str, available: int, start: datetime | None) -> dict[str, Any]:
+    """A Capacity Block to come, holding ``available`` instances from ``start`` (None: EC2 gave
+    no StartDate, which its model allows)."""
+    block = reservation(reservation_id, available=available, state="scheduled")
+    if start is None:
+        del block["StartDate"]
+    else:
+        block["StartDate"] = start
+    return block
+
+
+SOON, LATER = datetime(2026, 12, 1, 11, 30, tzinfo=UTC), datetime(2026, 12, 8, 11, 30, tzinfo=UTC)
+ODCR = "cr-0fedcba9876543210"
+
+
+@pytest.mark.parametrize(
+    ("reservations", "named"),
+    [
+        # Capacity usable now before a block that starts later.
+        (
+            [scheduled("cr-0123456789abcdef0", 4, SOON), reservation(ODCR, kind="targeted")],
+            f"-c capacity=odcr -c capacity_reservation_id={ODCR}",
+        ),
+        # Of two blocks to come, the sooner.
+        (
+            [scheduled("cr-0123456789abcdef0", 4, LATER), scheduled(ODCR, 2, SOON)],
+            f"-c capacity=capacity-block -c capacity_reservation_id={ODCR}",
+        ),
+        # An unknown start is not taken for the sooner.
+        (
+            [scheduled("cr-0123456789abcdef0", 4, None), scheduled(ODCR, 2, LATER)],
+            f"-c capacity=capacity-block -c capacity_reservation_id={ODCR}",
+        ),
+    ],
+)
+def test_the_reservation_named_is_the_one_to_use_first(
+    trnctl: Any, aws: Any, reservations: list[dict[str, Any]], named: str
+) -> None:
+    aws(reservations=reservations)
 
     run = trnctl(
         "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
     )
 
     line = rows(run.stdout)["capacity reservations"]
-    assert "PASS" in line
-    assert "-c capacity=odcr -c capacity_reservation_id=cr-0fedcba9876543210" in line
+    assert "PASS" in line and named in line
 
 
-def test_a_block_without_a_start_date_comes_after_one_with(trnctl: Any, aws: Any) -> None:
-    """StartDate is optional in EC2's model: an unknown start is not taken for the sooner."""
-    unknown = reservation(available=4, state="scheduled")
-    del unknown["StartDate"]
-    aws(reservations=[unknown, reservation("cr-0fedcba9876543210", available=2, state="scheduled")])
+def test_a_block_without_a_start_date_says_so(trnctl: Any, aws: Any) -> None:
+    aws(reservations=[scheduled("cr-0123456789abcdef0", 1, None)])
 
     run = trnctl(
         "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
     )
 
     line = rows(run.stdout)["capacity reservations"]
-    assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0fedcba9876543210" in line
-    assert "cr-0123456789abcdef0 capacity-block scheduled: 4 x trn2.48xlarge from ?" in line
-
-
-def test_of_two_blocks_to_come_the_sooner_is_named(trnctl: Any, aws: Any) -> None:
-    later = reservation(available=4, state="scheduled")
-    later["StartDate"] = datetime(2026, 12, 8, 11, 30, tzinfo=UTC)
-    aws(reservations=[later, reservation("cr-0fedcba9876543210", available=2, state="scheduled")])
-
-    run = trnctl(
-        "preflight", "--az", "us-east-2a", "--instance-type", "trn2.48xlarge", "--count", "2"
-    )
-
-    line = rows(run.stdout)["capacity reservations"]
-    assert "-c capacity=capacity-block -c capacity_reservation_id=cr-0fedcba9876543210" in line
+    assert "cr-0123456789abcdef0 capacity-block scheduled: 1 x trn2.48xlarge from ?" in line
 
 
 def test_quota_falls_back_to_the_aws_default_when_none_is_applied(clients: Any, stub: Any) -> None:
