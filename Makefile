@@ -22,13 +22,27 @@ export AWS_EC2_METADATA_DISABLED := true
 # not move with them (tests/security/test_gate.py::test_synth_is_deterministic).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: synth test test-xla lint typecheck check bench train-local diagram clean setup
+.PHONY: synth test test-isa test-xla lint typecheck check bench train-local diagram clean setup
 
 synth: $(VENV)/.runtime $(CDK)
 	$(CDK) synth --no-notices --quiet --output cdk.out
 
 test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The trainer's tests under each set of ATen CPU kernels this CPU runs, from the portable default
+# up to the widest, which `make test` gets: floats that two different kernels compute must agree
+# on every x86-64 CPU, not on this one alone (tests/tolerance.py). ATen takes a set the CPU
+# lacks and then dies of an illegal instruction, hence the list stops at the widest.
+ISA_TESTS := tests/trainer tests/bench tests/examples
+ISA_LIST := import torch; x86 = ["default", "avx2", "avx512"]; \
+	own = torch.backends.cpu.get_cpu_capability().lower(); \
+	print(*(x86[: x86.index(own) + 1] if own in x86 else ["default", own]))
+test-isa: $(VENV)/.dev
+	for cap in $$(env -u ATEN_CPU_CAPABILITY $(PY) -c '$(ISA_LIST)'); do \
+		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup \
+			--no-loadscope-reorder $(ISA_TESTS) || exit 1; \
+	done
 
 # The trn1 stack's PyTorch/XLA path on PyTorch/XLA's CPU device, in its own environment (torch_xla
 # 2.9 and the torch 2.9 it needs: a 3.9 GB download, 7 GB on disk), too heavy for every `make test`.

@@ -40,6 +40,20 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # in EC2 (node groups take EKS's AMI types), so the catalog stays unloaded.
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
+
+def pytest_report_header() -> str | None:
+    """Which ATen CPU kernels torch runs where ``ATEN_CPU_CAPABILITY`` chooses them (``make
+    test-isa``), as torch itself reports them: a run's log then says that the choice took."""
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked is None:
+        return None
+    import torch
+
+    return (
+        f"ATen CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY={asked})"
+    )
+
+
 CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 
 # Variants the security gate and the template tests cover: every profile, EFA FSx, the

@@ -16,6 +16,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from tests.tolerance import assert_fp32_close
 from trainer import checkpoint, cli, hf, lora, metrics
 from trainer.checkpoint import CheckpointError, RunConfigError
 
@@ -67,8 +68,10 @@ def test_adapters_start_as_peft_does_and_leave_the_model_unchanged(tiny: Path) -
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert len(trainable) == 2 * 7 * cfg.n_layer
+    # The adapters add zeros, but one on gate or up moves the MLP off its fused kernel
+    # (model._GatedUpFunction): the same logits to the rounding of another matrix product.
     with torch.no_grad():
-        assert torch.equal(model.logits(_tokens()), before)
+        assert_fp32_close(model.logits(_tokens()), before)
 
 
 def test_step_zero_is_the_base_model_and_only_adapters_train(
@@ -83,7 +86,8 @@ def test_step_zero_is_the_base_model_and_only_adapters_train(
 
     first_full = metrics.read(tmp_path / "full.jsonl")[0]["loss"]
     losses = [r["loss"] for r in metrics.read(tmp_path / "lora.jsonl")]
-    assert losses[0] == first_full  # step 1's loss is of the weights before any update
+    # Step 1's loss is of the weights before any update, on the MLP path the adapters take.
+    assert_fp32_close(losses[0], first_full)
     assert losses[-1] < losses[0]
     state = _state(tmp_path / "ck", 3)
     model = state["model"]

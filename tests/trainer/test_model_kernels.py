@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.tolerance import assert_fp32_close
 from trainer import data, lora, model, parallel
 from trainer.config import ModelConfig
 
@@ -230,7 +231,10 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
         lora.apply(gpt, cfg, lora.LoraSpec(2, 4.0, adapted))
         for name, p in gpt.named_parameters():
             if "lora_B" in name:
-                torch.nn.init.normal_(p)
+                # Drawn as the base weights are (std 0.02), a trained adapter's size: at std 1
+                # they outweigh the base 50 to 1, and the two paths' LoRA gradients differed by
+                # up to 272 FP32 roundings of their largest over 40 seeds, against 8 here.
+                torch.nn.init.normal_(p, std=0.02)
     idx = torch.randint(0, 64, (3, 16))
     targets = torch.randint(0, 64, (3, 16))
     targets[:, ::3] = data.IGNORE_INDEX
@@ -263,7 +267,7 @@ def test_the_model_with_its_kernels_gives_the_plain_models_loss_and_gradients(
     assert len(mlps) == cfg.n_layer * (2 if checkpointed else 1)
     assert not any("Function" in name for name in mlps), mlps
 
-    torch.testing.assert_close(kernel_loss, plain_loss, rtol=1e-6, atol=0)
+    assert_fp32_close(kernel_loss, plain_loss)
     assert kernel_grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
-        torch.testing.assert_close(kernel_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+        assert_fp32_close(kernel_grads[name], grad, msg=name)
