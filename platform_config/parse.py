@@ -7,6 +7,7 @@ reported together so that one synth shows the user everything to fix.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -67,6 +68,19 @@ GPU_KEYS: tuple[str, ...] = (
     "gpu_capacity",
     "gpu_capacity_reservation_id",
 )
+
+# Context keys CDK itself writes or reads that have no ':' and no '@aws-cdk/' prefix, as
+# aws-cdk-lib 2.275 and the pinned CLI (aws-cdk 2.1148.1, package.json) have them: the CLI's
+# `cdk acknowledge` (acknowledged-issue-numbers) and `cdk cli-telemetry` (cli-telemetry) save
+# theirs to the project's context, `cdk migrate` writes cdk-migrate into cdk.json, and the legacy
+# stack synthesizer reads assets-ecr-repository-name. Every other key of CDK's has a ':' (feature
+# flags such as @aws-cdk/core:checkSecretUsage, aws:cdk:* settings the CLI passes to the app,
+# aws-cdk:enableDiffNoFail, and the lookups cached in cdk.context.json) or starts with
+# '@aws-cdk/' (@aws-cdk/core.slowSynthThreshold, @aws-cdk/aws-iam.arnSizeEstimate, ...).
+CDK_PLAIN_CONTEXT_KEYS = frozenset(
+    {"acknowledged-issue-numbers", "cli-telemetry", "cdk-migrate", "assets-ecr-repository-name"}
+)
+CDK_KEY_PREFIX = "@aws-cdk/"
 
 # Offline defaults: a placeholder account (AWS's documentation example) in us-east-2, which
 # offers Trn2 today. A real deploy passes -c account=... -c region=... -c availability_zone=...
@@ -175,17 +189,36 @@ class _Reader:
             self.fail(key, value, allowed)
 
 
-def _near_misses(context: Mapping[str, Any]) -> list[str]:
-    """Keys that are one of ours spelled with dashes or capitals, which would be ignored."""
-    canonical = {key.replace("_", "").lower(): key for key in CONTEXT_KEYS}
-    problems = []
-    for key in context:
-        if key in CONTEXT_KEYS:
-            continue
-        wanted = canonical.get(key.replace("-", "").replace("_", "").lower())
-        if wanted:
-            problems.append(f"{key}: unknown context key; did you mean {wanted!r}?")
-    return problems
+def _unknown_keys(context: Mapping[str, Any]) -> list[str]:
+    """Keys that are neither the app's nor CDK's own, each named with the closest key of ours:
+    a setting the app does not read must not pass silently (``instance_typ=trn2.48xlarge``
+    would otherwise synthesize the default type)."""
+    return [
+        f"{key}: unknown context key; {_closest(key)}"
+        for key in context
+        if key not in CONTEXT_KEYS and not is_cdk_context_key(key)
+    ]
+
+
+def is_cdk_context_key(key: str) -> bool:
+    """Whether CDK itself sets or reads ``key``: its feature flags and settings (``@aws-cdk/...``,
+    ``aws:cdk:...``, ``aws-cdk:enableDiffNoFail``), the lookups the CLI caches in
+    cdk.context.json (``availability-zones:account=...:region=...`` and the other providers' keys,
+    all with a ':'), and the few plain keys of :data:`CDK_PLAIN_CONTEXT_KEYS`."""
+    return ":" in key or key.startswith(CDK_KEY_PREFIX) or key in CDK_PLAIN_CONTEXT_KEYS
+
+
+def _closest(key: str) -> str:
+    folded = {_fold(known): known for known in CONTEXT_KEYS}
+    same = folded.get(_fold(key))
+    near = same or next(iter(difflib.get_close_matches(key.lower(), CONTEXT_KEYS, n=1)), None)
+    if near is not None:
+        return f"did you mean {near!r}?"
+    return f"the app reads {', '.join(CONTEXT_KEYS)}"
+
+
+def _fold(key: str) -> str:
+    return key.replace("-", "").replace("_", "").lower()
 
 
 def _profile(reader: _Reader) -> tuple[Profile, str | None]:
@@ -505,8 +538,8 @@ def parse_config(
     """Build a validated :class:`PlatformConfig` from CDK context.
 
     Args:
-        context: the app's context, e.g. ``app.node.get_all_context()``; keys not listed in
-            :data:`CONTEXT_KEYS` are ignored unless they look like a misspelling of one.
+        context: the app's context, e.g. ``app.node.get_all_context()``; a key neither in
+            :data:`CONTEXT_KEYS` nor CDK's own (:func:`is_cdk_context_key`) is a problem.
         now: the time a preview's ``ttl_hours`` count from (timezone-aware); without it a
             preview gets no ``expires_at``.
         kubernetes_version: the cluster's Kubernetes version (default: the pinned one), which
@@ -517,7 +550,7 @@ def parse_config(
             key, the value and what is allowed.
     """
     reader = _Reader(context)
-    reader.problems.extend(_near_misses(context))
+    reader.problems.extend(_unknown_keys(context))
     profile, preview = _profile(reader)
     account, region, az = _location(reader)
     reader.check(

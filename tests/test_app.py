@@ -40,11 +40,12 @@ def run_app(context: dict[str, object], outdir: Path) -> subprocess.CompletedPro
 
 
 def test_bad_context_stops_the_app_with_every_problem(tmp_path: Path) -> None:
-    result = run_app({"trn_nodes": "100", "capacity": "odcr"}, tmp_path)
+    result = run_app({"trn_nodes": "100", "capacity": "odcr", "instance_typ": "trn2"}, tmp_path)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "trn_nodes: '100' is not allowed; expected a whole number from 0 to 64" in result.stderr
     assert "capacity_reservation_id: missing; capacity 'odcr' needs" in result.stderr
+    assert "instance_typ: unknown context key; did you mean 'instance_type'?" in result.stderr
     assert not list(tmp_path.glob("*.template.json"))
 
 

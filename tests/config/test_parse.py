@@ -144,6 +144,13 @@ BAD_INPUT = [
     ),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
+    # A typo would otherwise synthesize the default type and exit 0.
+    (
+        {"instance_typ": "trn2.48xlarge"},
+        r"instance_typ: unknown context key; did you mean 'instance_type'",
+    ),
+    ({"avaliability_zone": "us-east-2b"}, r"did you mean 'availability_zone'"),
+    ({"colour": "blue"}, r"colour: unknown context key; the app reads account, region, "),
     # The GPU node group's keys.
     (
         {"gpu_instance_type": "p4d.24xlarge"},
@@ -207,6 +214,36 @@ def test_bad_input_is_rejected_with_key_value_and_rule(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(**overrides)
+
+
+# Context CDK itself puts in every app's context: cdk.json's feature flags, the keys the CLI passes
+# to the app (aws-cdk 2.1148.1, `settings.ts`), the lookups it caches in cdk.context.json, and the
+# plain keys of its own commands (`cdk acknowledge`, `cdk cli-telemetry`, `cdk migrate`).
+CDK_CONTEXT = {
+    "@aws-cdk/core:checkSecretUsage": True,
+    "@aws-cdk/core.slowSynthThreshold": 10,
+    "@aws-cdk/aws-iam.arnSizeEstimate": 100,
+    "aws:cdk:enable-path-metadata": True,
+    "aws:cdk:enable-asset-metadata": True,
+    "aws:cdk:version-reporting": True,
+    "aws:cdk:bundling-stacks": ["**"],
+    "aws-cdk:enableDiffNoFail": True,
+    "availability-zones:account=210987654321:region=us-east-2": ["us-east-2a", "us-east-2b"],
+    "acknowledged-issue-numbers": [32775],
+    "cli-telemetry": False,
+    "cdk-migrate": True,
+    "assets-ecr-repository-name": "assets",
+}
+
+
+def test_cdk_own_context_keys_are_not_ours_to_refuse() -> None:
+    assert parse(**CDK_CONTEXT).trn.instance_type == "trn3.48xlarge"
+
+
+def test_an_unknown_key_is_reported_with_the_other_problems() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(instance_typ="trn2.48xlarge", trn_nodes="99")
+    assert [p.split(":")[0] for p in caught.value.problems] == ["instance_typ", "trn_nodes"]
 
 
 def test_every_problem_is_reported_at_once() -> None:
