@@ -71,10 +71,81 @@ def check_catalog(instance_type: str) -> tuple[Check, InstanceSpec | None]:
     return Check("catalog", Status.PASS, f"{instance_type} is in the catalog{note}"), spec
 
 
+def check_region_offering(ec2: Any, request: Request) -> Check:
+    """Whether EC2 offers the type in the region at all (DescribeInstanceTypeOfferings, location
+    type ``region``). When it does not, the fix names the catalog's best type the region does
+    offer, with the flags that deploy it: trn3 names are unverified and trn3 is not offered
+    everywhere trn2 is."""
+    offered = _offerings(ec2, [_type_filter(request.instance_type)], "region")
+    if request.region in offered:
+        return Check(
+            "offered in region",
+            Status.PASS,
+            f"{request.instance_type} is offered in {request.region}",
+        )
+    spec = trn_catalog.CATALOG.get(request.instance_type)
+    unverified = (
+        " (the catalog marks the name unverified)"
+        if spec is not None and "name" in spec.unverified
+        else ""
+    )
+    detail = f"EC2 offers no {request.instance_type} in {request.region}{unverified}"
+    instead = _alternative(ec2, request)
+    if instead is None:
+        fix = f"no type of the instance catalog is offered in {request.region}; try another region"
+    else:
+        fix = _deploy_instead(ec2, request, instead)
+    return Check("offered in region", Status.FAIL, detail, fix)
+
+
+def _deploy_instead(ec2: Any, request: Request, instead: str) -> str:
+    """The flags that deploy ``instead`` in a zone that offers it (the requested zone if it
+    does), and the preflight to run first."""
+    zones = sorted(_offerings(ec2, [_type_filter(instead)], "availability-zone"))
+    zone = request.availability_zone
+    if zones and zone not in zones:
+        zone = zones[0]
+    return (
+        f"deploy {instead} instead (offered in {', '.join(zones)}): npx cdk deploy --all "
+        f"-c region={request.region} -c availability_zone={zone} -c instance_type={instead} "
+        f"(with your other -c settings); check it first: trnctl preflight --region "
+        f"{request.region} --az {zone} --instance-type {instead} --count {request.count}"
+    )
+
+
+def _alternative(ec2: Any, request: Request) -> str | None:
+    """The catalog type to deploy where ``request``'s is not offered: of the plain types (not an
+    UltraServer's members) the region offers, the newest generation with the most chips."""
+    plain = [
+        spec
+        for name, spec in trn_catalog.CATALOG.items()
+        if name != request.instance_type and ultraservers.for_instance_type(name) is None
+    ]
+    offered = _offered_types(ec2, [spec.name for spec in plain])
+    ranked = sorted(
+        (spec for spec in plain if spec.name in offered),
+        key=lambda spec: (spec.generation, spec.chips),
+        reverse=True,
+    )
+    return ranked[0].name if ranked else None
+
+
+def _offered_types(ec2: Any, types: list[str]) -> set[str]:
+    """Which of ``types`` EC2 offers in the client's region."""
+    paginator = ec2.get_paginator("describe_instance_type_offerings")
+    pages = paginator.paginate(
+        LocationType="region", Filters=[{"Name": "instance-type", "Values": types}]
+    )
+    return {o["InstanceType"] for page in pages for o in page["InstanceTypeOfferings"]}
+
+
+def _type_filter(instance_type: str) -> dict[str, Any]:
+    return {"Name": "instance-type", "Values": [instance_type]}
+
+
 def check_offering(ec2: Any, request: Request) -> Check:
     """Whether EC2 offers the type in the availability zone; the fix names the zones that do."""
-    type_filter = {"Name": "instance-type", "Values": [request.instance_type]}
-    offered = _offerings(ec2, [type_filter])
+    offered = _offerings(ec2, [_type_filter(request.instance_type)], "availability-zone")
     if request.availability_zone in offered:
         return Check(
             "offered in AZ",
@@ -98,9 +169,11 @@ def check_offering(ec2: Any, request: Request) -> Check:
     )
 
 
-def _offerings(ec2: Any, filters: list[dict[str, Any]]) -> set[str]:
+def _offerings(ec2: Any, filters: list[dict[str, Any]], location_type: str) -> set[str]:
+    """The locations (regions or zones, by ``location_type``) where EC2 offers what ``filters``
+    select."""
     paginator = ec2.get_paginator("describe_instance_type_offerings")
-    pages = paginator.paginate(LocationType="availability-zone", Filters=filters)
+    pages = paginator.paginate(LocationType=location_type, Filters=filters)
     return {o["Location"] for page in pages for o in page["InstanceTypeOfferings"]}
 
 
@@ -297,6 +370,7 @@ def run(ec2: Any, quotas: Any, request: Request) -> list[Check]:
     described = describe_type(ec2, request.instance_type)
     return [
         catalog_check,
+        check_region_offering(ec2, request),
         check_offering(ec2, request),
         *check_network(described, spec, request),
         check_quota(quotas, request, vcpus_of(described, spec)),

@@ -44,6 +44,7 @@ def rows(stdout: str) -> dict[str, str]:
     """Each table line keyed by the check name it starts with."""
     names = (
         "catalog",
+        "offered in region",
         "offered in AZ",
         "EC2 knows type",
         "EFA support",
@@ -71,6 +72,7 @@ def test_all_checks_pass_with_a_usable_capacity_block(trnctl: Any, aws: Any) -> 
     table = rows(run.stdout)
     assert set(table) == {
         "catalog",
+        "offered in region",
         "offered in AZ",
         "EFA support",
         "EFA interfaces",
@@ -256,6 +258,50 @@ def test_type_unknown_to_ec2_fails_and_sizes_the_quota_from_the_catalog(
     assert "unverified: " in table["catalog"]
     assert "2 x 192 = 384 needed" in table["On-Demand vCPU quota"]
     assert "offered in no zone of us-east-2" in table["offered in AZ"]
+
+
+def test_a_type_the_region_does_not_offer_fails_with_the_flags_that_deploy_trn2(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    """moto's offerings (EC2's, as moto 5.2.5 bundles them) have trn2.48xlarge in every zone of
+    us-east-2 and no trn3 type anywhere: preflight names trn2 and how to deploy it."""
+    quotas = stub(clients("service-quotas"))
+    quotas.add_response("get_service_quota", quota_response(384), QUOTA)
+    ec2 = stub(clients("ec2"), "DescribeCapacityReservations")
+    ec2.add_response("describe_capacity_reservations", {"CapacityReservations": []})
+
+    run = trnctl(
+        "preflight", "--az", "us-east-2b", "--instance-type", "trn3.48xlarge", "--count", "2"
+    )
+
+    assert run.exit_code == 1
+    assert "FAIL" in rows(run.stdout)["offered in region"]
+    check = preflight.check_region_offering(
+        clients("ec2"), preflight.Request("us-east-2", "us-east-2b", "trn3.48xlarge", 2)
+    )
+    assert check.detail == (
+        "EC2 offers no trn3.48xlarge in us-east-2 (the catalog marks the name unverified)"
+    )
+    assert check.fix == (
+        "deploy trn2.48xlarge instead (offered in us-east-2a, us-east-2b, us-east-2c): npx cdk "
+        "deploy --all -c region=us-east-2 -c availability_zone=us-east-2b "
+        "-c instance_type=trn2.48xlarge (with your other -c settings); check it first: trnctl "
+        "preflight --region us-east-2 --az us-east-2b --instance-type trn2.48xlarge --count 2"
+    )
+
+
+def test_the_region_offering_is_asked_by_location_type_region(clients: Any) -> None:
+    ec2 = clients("ec2")
+    request = preflight.Request("us-east-2", "us-east-2a", "trn2.48xlarge", 1)
+
+    check = preflight.check_region_offering(ec2, request)
+
+    assert check.status is preflight.Status.PASS
+    assert check.detail == "trn2.48xlarge is offered in us-east-2"
+    ireland = preflight.Request("eu-west-1", "eu-west-1a", "trn2.48xlarge", 1)
+    elsewhere = preflight.check_region_offering(clients("ec2", "eu-west-1"), ireland)
+    assert elsewhere.status is preflight.Status.FAIL
+    assert "no type of the instance catalog is offered in eu-west-1" in elsewhere.fix
 
 
 def test_type_missing_from_the_catalog_fails_the_catalog_check() -> None:
