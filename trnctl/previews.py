@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from botocore.exceptions import WaiterError
+
 from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, TAG_EXPIRES_AT, TAG_PREVIEW
 from trnctl.errors import ExitCode, TrnctlError
 
@@ -173,6 +175,27 @@ def _base_and_cap(stack: PreviewStack, now: datetime) -> tuple[datetime, datetim
     return base, now + timedelta(hours=MAX_PREVIEW_TTL_HOURS)
 
 
+# CloudFormation's StatusReason for a change set that changes no resource.
+NO_CHANGES = "didn't contain changes"
+# ResourceChange.Replacement values that mean a resource is, or may be, replaced.
+REPLACING = frozenset({"True", "Conditional"})
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A resource that a stack's change set would replace (``replacement`` "True") or may
+    replace ("Conditional")."""
+
+    stack: str
+    logical_id: str
+    resource_type: str
+    replacement: str
+
+    def __str__(self) -> str:
+        maybe = "" if self.replacement == "True" else " (conditionally)"
+        return f"{self.stack}: {self.logical_id} ({self.resource_type}){maybe}"
+
+
 def extend(
     cfn: Any, project: str, hours: int, now: datetime
 ) -> list[tuple[PreviewStack, datetime]]:
@@ -180,13 +203,20 @@ def extend(
     returns each stack as it was with its new expiry. A stack whose expiry does not move (it
     lies at or beyond the cap already) is not updated.
 
-    Tags change through a stack update that keeps the template and parameters; CloudFormation
-    passes the new tag on to the stack's resources.
+    The tag changes go through a CloudFormation change set per stack that keeps the template and
+    parameters (CloudFormation passes stack tags on to the resources that take tags). All change
+    sets are made and read first: if any would replace a resource (ResourceChange.Replacement
+    "True" or "Conditional", as a create-only Tags property such as a placement group's could),
+    every one is deleted and nothing changes; otherwise each is executed. A change set
+    CloudFormation finds empty (no resource takes the tag) is deleted and the stack's tags are
+    updated directly.
 
     Raises:
         TrnctlError: ``hours`` outside 1 to 336 (USAGE); no stack of ``project`` (NOT_FOUND); a
-            stack is in the middle of an operation (FAILED).
-        botocore.exceptions.ClientError: CloudFormation refused the update.
+            stack is in the middle of an operation, a change set would replace a resource (the
+            message names each one) or failed for another reason (FAILED).
+        botocore.exceptions.ClientError: CloudFormation refused a call.
+        botocore.exceptions.WaiterError: a change set was not ready within 10 minutes.
     """
     if not 1 <= hours <= MAX_EXTEND_HOURS:
         raise TrnctlError(f"--hours {hours} is outside 1 to {MAX_EXTEND_HOURS}")
@@ -201,26 +231,127 @@ def extend(
         raise TrnctlError(
             f"stacks busy, try again when they settle: {', '.join(busy)}", ExitCode.FAILED
         )
-    changed = []
-    for stack in stacks:
-        expiry = new_expiry(stack, hours, now)
-        if expiry == stack.expires:
-            # At or past the cap already (set by hand, or extended this second):
-            # CloudFormation refuses an update that changes nothing ("No updates are to be
-            # performed").
-            changed.append((stack, expiry))
-            continue
-        tags = {**stack.tags, TAG_EXPIRES_AT: format_expiry(expiry)}
-        described = cfn.describe_stacks(StackName=stack.stack_id)["Stacks"][0]
-        cfn.update_stack(
-            StackName=stack.stack_id,
-            UsePreviousTemplate=True,
-            Parameters=[
-                {"ParameterKey": p["ParameterKey"], "UsePreviousValue": True}
-                for p in described.get("Parameters", [])
-            ],
-            Capabilities=CAPABILITIES,
-            Tags=[{"Key": key, "Value": value} for key, value in tags.items()],
+    planned = [(stack, new_expiry(stack, hours, now)) for stack in stacks]
+    # At or past the cap already (set by hand, or extended this second): CloudFormation refuses
+    # an update that changes nothing ("No updates are to be performed").
+    moving = [(stack, expiry) for stack, expiry in planned if expiry != stack.expires]
+    made = _checked_change_sets(cfn, moving, f"trnctl-extend-{now:%Y%m%d%H%M%S}")
+    for (stack, expiry), change_set in zip(moving, made, strict=True):
+        if change_set is None:
+            _update_tags(cfn, stack, _tags_with(stack, expiry))
+        else:
+            cfn.execute_change_set(ChangeSetName=change_set, StackName=stack.name)
+    return planned
+
+
+def _checked_change_sets(
+    cfn: Any, moving: list[tuple[PreviewStack, datetime]], name: str
+) -> list[str | None]:
+    """One tag change set per stack of ``moving`` (None where it changed no resource), made and
+    read before any is executed; all are deleted when one would replace a resource.
+
+    Raises:
+        TrnctlError: a change set would replace a resource, or failed (FAILED).
+    """
+    made: list[str | None] = []
+    try:
+        for stack, expiry in moving:
+            made.append(_tag_change_set(cfn, stack, _tags_with(stack, expiry), name))
+        replaced = [
+            r
+            for (stack, _), change_set in zip(moving, made, strict=True)
+            if change_set
+            for r in replacements(cfn, stack.name, change_set)
+        ]
+    except BaseException:
+        _delete_change_sets(cfn, made)
+        raise
+    if replaced:
+        _delete_change_sets(cfn, made)
+        raise TrnctlError(
+            "refused: the tag change would replace "
+            + "; ".join(map(str, replaced))
+            + '. Nothing was changed; see docs/deploying.md, "Extending a preview"',
+            ExitCode.FAILED,
         )
-        changed.append((stack, expiry))
-    return changed
+    return made
+
+
+def _tags_with(stack: PreviewStack, expiry: datetime) -> list[dict[str, str]]:
+    tags = {**stack.tags, TAG_EXPIRES_AT: format_expiry(expiry)}
+    return [{"Key": key, "Value": value} for key, value in tags.items()]
+
+
+def _kept_parameters(cfn: Any, stack: PreviewStack) -> list[dict[str, Any]]:
+    described = cfn.describe_stacks(StackName=stack.stack_id)["Stacks"][0]
+    return [
+        {"ParameterKey": p["ParameterKey"], "UsePreviousValue": True}
+        for p in described.get("Parameters", [])
+    ]
+
+
+def _tag_change_set(
+    cfn: Any, stack: PreviewStack, tags: list[dict[str, str]], name: str
+) -> str | None:
+    """A change set of ``stack`` with ``tags`` and its template and parameters as they are, once
+    CloudFormation has made it; its id, or None (and deleted) when it changes no resource.
+
+    Raises:
+        TrnctlError: CloudFormation failed the change set for another reason (FAILED).
+    """
+    change_set = cfn.create_change_set(
+        StackName=stack.name,
+        ChangeSetName=name,
+        ChangeSetType="UPDATE",
+        UsePreviousTemplate=True,
+        Parameters=_kept_parameters(cfn, stack),
+        Capabilities=CAPABILITIES,
+        Tags=tags,
+        Description="trnctl preview extend: the expiry tag only",
+    )["Id"]
+    try:
+        cfn.get_waiter("change_set_create_complete").wait(
+            ChangeSetName=change_set, WaiterConfig={"Delay": 5, "MaxAttempts": 120}
+        )
+    except WaiterError as error:
+        reason = str((error.last_response or {}).get("StatusReason", error))
+        cfn.delete_change_set(ChangeSetName=change_set)
+        if NO_CHANGES in reason:
+            return None
+        raise TrnctlError(f"{stack.name}: change set failed: {reason}", ExitCode.FAILED) from None
+    return str(change_set)
+
+
+def replacements(cfn: Any, stack: str, change_set: str) -> list[Replacement]:
+    """The resources change set ``change_set`` (of stack ``stack``) would or may replace."""
+    found = []
+    for page in cfn.get_paginator("describe_change_set").paginate(ChangeSetName=change_set):
+        for change in page.get("Changes", []):
+            resource = change.get("ResourceChange", {})
+            if resource.get("Replacement") in REPLACING:
+                found.append(
+                    Replacement(
+                        stack=stack,
+                        logical_id=resource.get("LogicalResourceId", "?"),
+                        resource_type=resource.get("ResourceType", "?"),
+                        replacement=resource["Replacement"],
+                    )
+                )
+    return found
+
+
+def _delete_change_sets(cfn: Any, made: list[str | None]) -> None:
+    for change_set in made:
+        if change_set is not None:
+            cfn.delete_change_set(ChangeSetName=change_set)
+
+
+def _update_tags(cfn: Any, stack: PreviewStack, tags: list[dict[str, str]]) -> None:
+    """The stack's own tags, where no resource takes them (its change set was empty)."""
+    cfn.update_stack(
+        StackName=stack.stack_id,
+        UsePreviousTemplate=True,
+        Parameters=_kept_parameters(cfn, stack),
+        Capabilities=CAPABILITIES,
+        Tags=tags,
+    )

@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.stub import ANY
 
 from trn_catalog.outputs import TAG_EXPIRES_AT, TAG_PREVIEW
 from trnctl import aws, previews
+from trnctl.errors import TrnctlError
 
 NOW = datetime.now(UTC)
 PAST = previews.format_expiry(NOW - timedelta(hours=1))
@@ -284,3 +286,209 @@ def test_a_failed_deletion_is_one_line_and_exit_1(trnctl: Any, clients: Any, stu
     )
     assert "DELETE_FAILED" in run.stderr
     assert run.stderr.count("\n") == 1
+
+
+# CloudFormation's change sets, which moto 5.2.5 does not model for a tag change: it fails a
+# change set that changes only stack tags ("didn't contain changes"), reports no Replacement and
+# ignores the tags on execution. What CloudFormation answers is queued on a Stubber instead, which
+# checks each call against botocore's model; the stacks themselves stay in moto.
+CHANGE_SET_OPERATIONS = (
+    "CreateChangeSet",
+    "DescribeChangeSet",
+    "ExecuteChangeSet",
+    "DeleteChangeSet",
+)
+FIXED_NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
+CHANGE_SET_NAME = "trnctl-extend-20261202120000"
+
+
+def change_set_id(stack: str) -> str:
+    return f"arn:aws:cloudformation:us-east-2:123456789012:changeSet/{CHANGE_SET_NAME}/{stack}"
+
+
+def stack_id(cfn: Any, name: str) -> str:
+    return str(cfn.describe_stacks(StackName=name)["Stacks"][0]["StackId"])
+
+
+def resource_change(logical_id: str, resource_type: str, replacement: str) -> dict[str, Any]:
+    return {
+        "Type": "Resource",
+        "ResourceChange": {
+            "Action": "Modify",
+            "LogicalResourceId": logical_id,
+            "ResourceType": resource_type,
+            "Replacement": replacement,
+            "Scope": ["Tags"],
+        },
+    }
+
+
+def expect_created(stubber: Any, cfn: Any, name: str, tags: dict[str, str]) -> None:
+    """CloudFormation makes the stack's tag change set: the template and parameters as they are,
+    ``tags`` the stack's whole new tag set."""
+    stubber.add_response(
+        "create_change_set",
+        {"Id": change_set_id(name), "StackId": stack_id(cfn, name)},
+        {
+            "StackName": name,
+            "ChangeSetName": CHANGE_SET_NAME,
+            "ChangeSetType": "UPDATE",
+            "UsePreviousTemplate": True,
+            "Parameters": [],
+            "Capabilities": previews.CAPABILITIES,
+            "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+            "Description": "trnctl preview extend: the expiry tag only",
+        },
+    )
+    stubber.add_response(
+        "describe_change_set",
+        {"Status": "CREATE_COMPLETE", "ExecutionStatus": "AVAILABLE"},
+        {"ChangeSetName": change_set_id(name)},
+    )
+
+
+def expect_changes(stubber: Any, name: str, changes: list[dict[str, Any]]) -> None:
+    stubber.add_response(
+        "describe_change_set",
+        {"Status": "CREATE_COMPLETE", "Changes": changes},
+        {"ChangeSetName": change_set_id(name)},
+    )
+
+
+@pytest.fixture
+def gamma(clients: Any, moto: None) -> Any:
+    """Two stacks of preview gamma (one still ahead, one expired) and one of beta, in moto."""
+    pytest.importorskip("openapi_spec_validator")
+    cfn = clients("cloudformation")
+    tagged(cfn, "trn-pv-gamma-network", "gamma", "2026-12-03T12:00:00Z", owner="ml")
+    tagged(cfn, "trn-pv-gamma-cluster", "gamma", "2026-12-01T12:00:00Z")
+    tagged(cfn, "trn-pv-beta-network", "beta", "2026-12-03T12:00:00Z")
+    return cfn
+
+
+def test_extend_executes_a_tag_change_set_per_stack_once_none_would_replace(
+    gamma: Any, stub: Any
+) -> None:
+    changes = stub(gamma, *CHANGE_SET_OPERATIONS)
+    network_tags = {"owner": "ml", TAG_PREVIEW: "gamma", TAG_EXPIRES_AT: "2026-12-04T00:00:00Z"}
+    cluster_tags = {TAG_PREVIEW: "gamma", TAG_EXPIRES_AT: "2026-12-03T00:00:00Z"}
+    expect_created(changes, gamma, "trn-pv-gamma-network", network_tags)
+    expect_created(changes, gamma, "trn-pv-gamma-cluster", cluster_tags)
+    kept = resource_change("Topic", "AWS::SNS::Topic", "False")
+    expect_changes(changes, "trn-pv-gamma-network", [kept])
+    expect_changes(changes, "trn-pv-gamma-cluster", [kept])
+    for name in ("trn-pv-gamma-network", "trn-pv-gamma-cluster"):
+        changes.add_response(
+            "execute_change_set",
+            {},
+            {"ChangeSetName": change_set_id(name), "StackName": name},
+        )
+
+    moved = previews.extend(gamma, "gamma", 12, FIXED_NOW)
+
+    changes.assert_no_pending_responses()
+    assert [(stack.name, previews.format_expiry(expiry)) for stack, expiry in moved] == [
+        ("trn-pv-gamma-network", "2026-12-04T00:00:00Z"),
+        ("trn-pv-gamma-cluster", "2026-12-03T00:00:00Z"),
+    ]
+
+
+@pytest.mark.parametrize("replacement", ["True", "Conditional"])
+def test_extend_refuses_naming_what_a_change_set_would_replace_and_changes_nothing(
+    gamma: Any, stub: Any, trnctl: Any, replacement: str
+) -> None:
+    """A placement group's Tags are create-only: if CloudFormation replaced it for a stack-tag
+    change, every on-demand node in it would be replaced."""
+    changes = stub(gamma, *CHANGE_SET_OPERATIONS)
+    for name in ("trn-pv-gamma-network", "trn-pv-gamma-cluster"):
+        changes.add_response(
+            "create_change_set", {"Id": change_set_id(name)}, _any_create(gamma, name)
+        )
+        changes.add_response(
+            "describe_change_set",
+            {"Status": "CREATE_COMPLETE"},
+            {"ChangeSetName": change_set_id(name)},
+        )
+    expect_changes(changes, "trn-pv-gamma-network", [])
+    placement = resource_change(
+        "NeuronTrainiumPlacementGroup1A2B3C4D", "AWS::EC2::PlacementGroup", replacement
+    )
+    expect_changes(changes, "trn-pv-gamma-cluster", [placement])
+    for name in ("trn-pv-gamma-network", "trn-pv-gamma-cluster"):
+        changes.add_response("delete_change_set", {}, {"ChangeSetName": change_set_id(name)})
+
+    run = trnctl("preview", "extend", "gamma", "--hours", "12")
+
+    assert run.exit_code == 1
+    maybe = "" if replacement == "True" else " (conditionally)"
+    assert run.stderr == (
+        "trnctl: refused: the tag change would replace trn-pv-gamma-cluster: "
+        f"NeuronTrainiumPlacementGroup1A2B3C4D (AWS::EC2::PlacementGroup){maybe}. Nothing was "
+        'changed; see docs/deploying.md, "Extending a preview"\n'
+    )
+    changes.assert_no_pending_responses()
+    assert tags_of(gamma, "trn-pv-gamma-cluster")[TAG_EXPIRES_AT] == "2026-12-01T12:00:00Z"
+
+
+def test_an_empty_change_set_is_deleted_and_the_stack_tags_updated_directly(
+    gamma: Any, stub: Any
+) -> None:
+    """A stack none of whose resources takes tags: CloudFormation fails the change set as
+    empty, and only the stack's own tags change."""
+    changes = stub(gamma, "CreateChangeSet", "DescribeChangeSet", "DeleteChangeSet")
+    for name in ("trn-pv-gamma-network", "trn-pv-gamma-cluster"):
+        changes.add_response(
+            "create_change_set", {"Id": change_set_id(name)}, _any_create(gamma, name)
+        )
+        changes.add_response(
+            "describe_change_set",
+            {
+                "Status": "FAILED",
+                "StatusReason": "The submitted information didn't contain changes. Submit "
+                "different information to create a change set.",
+            },
+            {"ChangeSetName": change_set_id(name)},
+        )
+        changes.add_response("delete_change_set", {}, {"ChangeSetName": change_set_id(name)})
+
+    previews.extend(gamma, "gamma", 12, FIXED_NOW)
+
+    changes.assert_no_pending_responses()
+    assert tags_of(gamma, "trn-pv-gamma-network")[TAG_EXPIRES_AT] == "2026-12-04T00:00:00Z"
+    assert tags_of(gamma, "trn-pv-gamma-cluster")[TAG_EXPIRES_AT] == "2026-12-03T00:00:00Z"
+    assert tags_of(gamma, "trn-pv-beta-network")[TAG_EXPIRES_AT] == "2026-12-03T12:00:00Z"
+
+
+def test_a_change_set_that_fails_otherwise_stops_the_extension(gamma: Any, stub: Any) -> None:
+    changes = stub(gamma, *CHANGE_SET_OPERATIONS)
+    name = "trn-pv-gamma-network"
+    changes.add_response("create_change_set", {"Id": change_set_id(name)}, _any_create(gamma, name))
+    changes.add_response(
+        "describe_change_set",
+        {"Status": "FAILED", "StatusReason": "Requires capabilities : [CAPABILITY_IAM]"},
+        {"ChangeSetName": change_set_id(name)},
+    )
+    changes.add_response("delete_change_set", {}, {"ChangeSetName": change_set_id(name)})
+
+    with pytest.raises(TrnctlError, match=r"trn-pv-gamma-network: change set failed: Requires"):
+        previews.extend(gamma, "gamma", 12, FIXED_NOW)
+
+    changes.assert_no_pending_responses()
+
+
+def _stack(cfn: Any, name: str) -> dict[str, Any]:
+    stack: dict[str, Any] = cfn.describe_stacks(StackName=name)["Stacks"][0]
+    return stack
+
+
+def _any_create(cfn: Any, name: str) -> dict[str, Any]:
+    return {
+        "StackName": name,
+        "ChangeSetName": ANY,
+        "ChangeSetType": "UPDATE",
+        "UsePreviousTemplate": True,
+        "Parameters": [],
+        "Capabilities": previews.CAPABILITIES,
+        "Tags": ANY,
+        "Description": "trnctl preview extend: the expiry tag only",
+    }

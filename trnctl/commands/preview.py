@@ -69,7 +69,8 @@ def preview_extend(
 ) -> None:
     """Move the expiry of a project's stacks by --hours (from now if it has passed or its tag
     is missing or malformed), up to two weeks from now; an expiry set further ahead is left as
-    it is."""
+    it is. Each stack's tag change goes through a CloudFormation change set, and if any would
+    replace a resource, trnctl names it, deletes the change sets and changes nothing (exit 1)."""
     cfn = aws.client("cloudformation", common.region_of(region))
     now = datetime.now(UTC)
     changed = previews.extend(cfn, project, hours, now)
