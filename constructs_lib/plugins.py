@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aws_cdk import Duration
+from aws_cdk import Aws, CfnMapping, Duration, Stack, Token
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
@@ -16,7 +16,7 @@ from constructs_lib._common import acknowledge_wildcards
 from constructs_lib._eks import SYSTEM_LABEL, add_pod_identity
 from constructs_lib._props import props_from
 from trn_catalog import devices as device_modes
-from trn_catalog import versions
+from trn_catalog import registries, versions
 from trn_catalog.workspace import GPU_NODE_TYPE, NODE_TYPE_LABEL
 
 # No key and no effect: tolerates every taint. The node problem detector must keep running on
@@ -71,14 +71,14 @@ class NeuronPlugins(Construct):
     """What Trainium (and EFA GPU) nodes need from the cluster, installed on an existing one.
 
     Default settings: the Neuron Helm chart (device plugin on the catalog's types; node problem
-    detector with node recovery, with a
-    Pod Identity role allowed to mark this cluster's broken nodes unhealthy; the scheduler
-    extension only with ``neuron_scheduler_tag``); the EFA device plugin chart on the catalogs'
-    trn and GPU types; every one of these node agents tolerating every taint, so that a taint
-    added to a node group keeps them on its nodes; and, with ``job_engine``, Kubeflow
-    Trainer with its CRDs and no built-in runtimes, its manager on the nodes of
-    ``system_node_labels``. Charts are the
-    pins of :mod:`trn_catalog.versions`, installed atomically with a 12-minute Helm timeout.
+    detector with node recovery, with a Pod Identity role allowed to mark this cluster's broken
+    nodes unhealthy; the scheduler extension only with ``neuron_scheduler_tag``); the EFA device
+    plugin chart on the catalogs' trn and GPU types, its image (and aws-dranet's) pulled from
+    the EKS registry of the stack's region (the charts default to us-west-2's); every one of
+    these node agents tolerating every taint, so that a taint added to a node group keeps them
+    on its nodes; and, with ``job_engine``, Kubeflow Trainer with its CRDs and no built-in
+    runtimes, its manager on the nodes of ``system_node_labels``. Charts are the pins of
+    :mod:`trn_catalog.versions`, installed atomically with a 12-minute Helm timeout.
 
     Your cluster must run the EKS Pod Identity Agent add-on (the node problem detector's role
     reaches it through Pod Identity), CoreDNS and nodes that can run the charts' controllers;
@@ -87,10 +87,13 @@ class NeuronPlugins(Construct):
     :meth:`add_nvidia_device_plugin`, and a namespace for jobs with :meth:`add_workspace`.
 
     Attributes:
-        cluster, charts (release -> eks.HelmChart), npd_role, npd_namespace (the manifest).
+        cluster, charts (release -> eks.HelmChart), npd_role, npd_namespace (the manifest),
+        image_registry (the region's EKS registry host, or a deploy-time lookup in a stack
+        without a region).
 
     Raises:
-        ValueError: ``cluster`` has no kubectl provider (neither made by CDK nor imported with
+        ValueError: a stack region whose EKS registry :mod:`trn_catalog.registries` does not
+            list, ``cluster`` has no kubectl provider (neither made by CDK nor imported with
             ``kubectl_provider``), ``devices`` is neither ``plugin`` nor ``dra``, or ``dra``
             with ``neuron_scheduler_tag`` (the chart refuses the DRA driver beside the
             scheduler extension).
@@ -116,6 +119,7 @@ class NeuronPlugins(Construct):
         _check_devices(props)
         self.props = props
         self.cluster = cluster
+        self.image_registry = eks_image_registry(self)
         self.npd_role = add_pod_identity(
             self,
             "NodeProblemDetector",
@@ -134,11 +138,13 @@ class NeuronPlugins(Construct):
                 versions.NEURON_CHART,
                 neuron_values(props.neuron_scheduler_tag, props.system_node_labels, props.devices),
             ),
-            versions.EFA_CHART.release: self._chart(versions.EFA_CHART, efa_values(props.devices)),
+            versions.EFA_CHART.release: self._chart(
+                versions.EFA_CHART, efa_values(self.image_registry, props.devices)
+            ),
         }
         if props.devices == "dra":
             self.charts[versions.DRANET_CHART.release] = self._chart(
-                versions.DRANET_CHART, dranet_values()
+                versions.DRANET_CHART, dranet_values(self.image_registry)
             )
         if props.job_engine:
             self.charts[versions.TRAINER_CHART.release] = self._chart(
@@ -289,15 +295,45 @@ def _neuron_dra_values() -> dict[str, Any]:
     }
 
 
-def efa_values(devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
-    """Values of the EFA device plugin chart: the two catalogs' types, every taint tolerated.
-    With ``devices='dra'`` the GPU catalog's types only: the trn nodes get their EFA interfaces
-    from aws-dranet, and the two must not share a node (EKS device-management-efa)."""
+def eks_image_registry(scope: Construct) -> str:
+    """The EKS registry of ``scope``'s region (:func:`trn_catalog.registries.eks_registry`); in a
+    stack without a region, a lookup of the catalog's registries at deploy time.
+
+    Raises:
+        ValueError: a region whose registry the catalog does not list.
+    """
+    stack = Stack.of(scope)
+    if not Token.is_unresolved(stack.region):
+        try:
+            return registries.eks_registry(stack.region)
+        except registries.UnknownRegistryRegionError as error:
+            raise ValueError(str(error)) from None
+    mapping_id = "EksImageRegistries"
+    mapping = stack.node.try_find_child(mapping_id)
+    if not isinstance(mapping, CfnMapping):
+        mapping = CfnMapping(
+            stack,
+            mapping_id,
+            mapping={
+                region: {"Registry": registries.eks_registry(region)}
+                for region in registries.EKS_REGISTRY_ACCOUNTS
+            },
+        )
+    return mapping.find_in_map(Aws.REGION, "Registry")
+
+
+def efa_values(registry: str, devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
+    """Values of the EFA device plugin chart: the image from ``registry`` (the region's EKS
+    registry, :func:`eks_image_registry`; the chart's default is us-west-2's), the two catalogs'
+    types, every taint tolerated. With ``devices='dra'`` the GPU catalog's types only: the trn
+    nodes get their EFA interfaces from aws-dranet, and the two must not share a node (EKS
+    device-management-efa)."""
     # The chart's allowlist (v0.5.30) has no trn3 entry. Helm replaces
     # lists, so this allowlist is the two catalogs' types alone: the only EFA nodes the platform
     # runs, the trn nodes and the optional GPU group's. The chart adds CriticalAddonsOnly itself.
     trn_types = trn_catalog.CATALOG if devices == "plugin" else {}
     return {
+        "image": {"repository": f"{registry}/{registries.EFA_DEVICE_PLUGIN_IMAGE.repository}"},
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
             "values": sorted({*trn_types, *trn_catalog.GPU_CATALOG}),
@@ -306,13 +342,15 @@ def efa_values(devices: device_modes.DeviceMode = "plugin") -> dict[str, Any]:
     }
 
 
-def dranet_values() -> dict[str, Any]:
-    """Values of the aws-dranet chart: the EFA DRA driver on the catalog's trn2/trn3 types,
-    tolerating every taint, with the chart's DeviceClass ``efa.networking.k8s.aws``."""
+def dranet_values(registry: str) -> dict[str, Any]:
+    """Values of the aws-dranet chart: the image from ``registry`` (as :func:`efa_values`), the
+    EFA DRA driver on the catalog's trn2/trn3 types, tolerating every taint, with the chart's
+    DeviceClass ``efa.networking.k8s.aws``."""
     # The chart's own list already names trn2, trn2u and trn3.48xlarge; Helm replaces lists,
     # so this one is the DRA-capable catalog types alone (trn3.48xlarge among them), keeping the
     # driver off every other node, including the GPU group's, whose EFA the device plugin serves.
     return {
+        "image": {"repository": f"{registry}/{registries.DRANET_IMAGE.repository}"},
         "supportedInstanceLabels": {
             "keys": ["node.kubernetes.io/instance-type"],
             "values": _dra_types(),

@@ -28,7 +28,7 @@ from platform_config.model import (
     TrnCapacity,
 )
 from trn_catalog import devices as device_modes
-from trn_catalog import formats, ultraservers, versions
+from trn_catalog import formats, registries, ultraservers, versions
 from trn_catalog import fsx as fsx_limits
 from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, PREVIEW_REGIONS
 
@@ -559,6 +559,14 @@ def parse_config(
         region,
         "a preview's budget needs CloudFormation's AWS::Budgets::Budget, which this region does "
         f"not offer; previews deploy to {', '.join(sorted(PREVIEW_REGIONS))}",
+    )
+    reader.check(
+        not region or region in registries.EKS_REGISTRY_ACCOUNTS,
+        "region",
+        region,
+        "the EFA device plugin and aws-dranet images come from the region's EKS registry, and "
+        f"the catalog lists none for it (from {registries.GUIDE}); known: "
+        f"{', '.join(registries.EKS_REGISTRY_ACCOUNTS)}",
     )
     ttl_hours = _preview_ttl(reader, preview)
     trn = _ultraserver_blocks(reader, _trn(reader, profile))

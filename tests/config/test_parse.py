@@ -142,6 +142,11 @@ BAD_INPUT = [
         {"preview": "nlp", "region": "ap-south-2", "availability_zone": "ap-south-2a"},
         r"region: 'ap-south-2' .*preview's budget needs CloudFormation's AWS::Budgets::Budget",
     ),
+    (
+        {"region": "mx-central-1", "availability_zone": "mx-central-1a"},
+        r"region: 'mx-central-1' .*EFA device plugin and aws-dranet images come from the "
+        r"region's EKS registry, and the catalog lists none for it",
+    ),
     ({"instance-type": "trn2.48xlarge"}, r"instance-type: unknown context key; .*'instance_type'"),
     ({"TRN_NODES": "2"}, r"TRN_NODES: unknown context key; did you mean 'trn_nodes'"),
     # A typo would otherwise synthesize the default type and exit 0.

@@ -12,7 +12,7 @@ from kube_objects import helm_values
 from constructs_lib.cluster import neuron_values, nvidia_device_plugin_values
 from constructs_lib.plugins import dranet_values, efa_values
 from tests.conftest import VARIANTS, Synth
-from trn_catalog import chart_values, versions
+from trn_catalog import chart_values, registries, versions
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -111,8 +111,9 @@ def test_trainer_and_efa_keys_are_checked_too() -> None:
 
 def test_the_dra_values_are_chart_keys_and_the_charts_own_keys_are_checked() -> None:
     assert chart_values.NEURON.problems(neuron_values(devices="dra")) == []
-    assert chart_values.DRANET.problems(dranet_values()) == []
-    assert chart_values.EFA.problems(efa_values("dra")) == []
+    registry = registries.eks_registry("us-east-2")
+    assert chart_values.DRANET.problems(dranet_values(registry)) == []
+    assert chart_values.EFA.problems(efa_values(registry, "dra")) == []
     # The EFA device plugin's name for the allowlist is not aws-dranet's, and its DeviceClass
     # switch is deviceClass.create.
     assert chart_values.DRANET.problems(

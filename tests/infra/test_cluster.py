@@ -310,6 +310,14 @@ def test_efa_plugin_allowlist_has_trn3(dev: Synth) -> None:
     assert "trn3.48xlarge" in allow["values"]
 
 
+def test_the_efa_plugin_image_comes_from_the_deploy_regions_eks_registry(dev: Synth) -> None:
+    """Not the chart's us-west-2 default: nodes of another region would pull across regions."""
+    values = json.loads(charts(dev)["efa-device-plugin"]["Values"])
+    assert values["image"] == {
+        "repository": "602401143452.dkr.ecr.us-east-2.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+    }
+
+
 def test_job_engine_is_kubeflow_trainer_without_unused_runtimes(dev: Synth) -> None:
     values = json.loads(charts(dev)["kubeflow-trainer"]["Values"])
     assert values["crds"]["enabled"] is True

@@ -88,6 +88,10 @@ def test_aws_dranet_is_pinned_on_the_trn_types_and_creates_the_efa_device_class(
     assert dranet["supportedInstanceLabels"]["keys"] == ["node.kubernetes.io/instance-type"]
     assert {"trn3.48xlarge", instance_type(dra)} <= set(dranet["supportedInstanceLabels"]["values"])
     assert dranet["deviceClass"] == {"create": True, "name": "efa.networking.k8s.aws"}
+    # The deploy region's EKS registry (us-east-2 here), not the chart's us-west-2 default.
+    assert dranet["image"] == {
+        "repository": "602401143452.dkr.ecr.us-east-2.amazonaws.com/eks/dranet"
+    }
 
 
 def test_no_efa_device_plugin_on_trn_nodes(dra: Synth) -> None:

@@ -17,12 +17,15 @@ from tests.conftest import construct_app
 from trn_catalog import versions
 
 
-def their_cluster(*, kubectl: bool = True) -> tuple[cdk.Stack, ec2.Vpc, eks.ICluster]:
-    """A stack with a VPC and an imported EKS cluster, as a platform team that owns both has."""
-    stack = cdk.Stack(
-        construct_app(), "Theirs", env=cdk.Environment(account="210987654321", region="us-west-2")
-    )
-    vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-west-2a", "us-west-2b"], nat_gateways=1)
+def their_cluster(
+    *, kubectl: bool = True, region: str | None = "us-west-2"
+) -> tuple[cdk.Stack, ec2.Vpc, eks.ICluster]:
+    """A stack with a VPC and an imported EKS cluster, as a platform team that owns both has
+    (``region`` None: an environment-agnostic stack)."""
+    env = cdk.Environment(account="210987654321", region=region) if region else None
+    stack = cdk.Stack(construct_app(), "Theirs", env=env)
+    zones = [f"{region}a", f"{region}b"] if region else None
+    vpc = ec2.Vpc(stack, "Vpc", availability_zones=zones, nat_gateways=1)
     # Their kubectl provider: the handler function and the role their cluster admits.
     provider = (
         eks.KubectlProvider.from_kubectl_provider_attributes(
@@ -53,6 +56,52 @@ def charts(template: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         for r in template["Resources"].values()
         if r["Type"] == "Custom::AWSCDK-EKS-HelmChart"
     }
+
+
+EFA_IMAGE = "eks/aws-efa-k8s-device-plugin"
+
+
+@pytest.mark.parametrize(
+    ("region", "registry"),
+    [
+        ("us-west-2", "602401143452.dkr.ecr.us-west-2.amazonaws.com"),
+        ("af-south-1", "877085696533.dkr.ecr.af-south-1.amazonaws.com"),
+    ],
+)
+def test_the_efa_and_dranet_images_come_from_the_stacks_region(region: str, registry: str) -> None:
+    stack, _, cluster = their_cluster(region=region)
+    plugins = NeuronPlugins(stack, "Plugins", cluster=cluster, devices="dra")
+
+    installed = charts(Template.from_stack(stack).to_json())
+
+    assert plugins.image_registry == registry
+    efa = json.loads(installed[versions.EFA_CHART.release]["Values"])
+    dranet = json.loads(installed[versions.DRANET_CHART.release]["Values"])
+    assert efa["image"] == {"repository": f"{registry}/{EFA_IMAGE}"}
+    assert dranet["image"] == {"repository": f"{registry}/eks/dranet"}
+
+
+def test_a_stack_without_a_region_looks_the_registry_up_at_deploy_time() -> None:
+    stack, _, cluster = their_cluster(region=None)
+    NeuronPlugins(stack, "Plugins", cluster=cluster)
+
+    template = Template.from_stack(stack).to_json()
+
+    registries_map = template["Mappings"]["EksImageRegistries"]
+    assert registries_map["us-east-2"] == {
+        "Registry": "602401143452.dkr.ecr.us-east-2.amazonaws.com"
+    }
+    values = charts(template)[versions.EFA_CHART.release]["Values"]
+    assert {"Fn::FindInMap": ["EksImageRegistries", {"Ref": "AWS::Region"}, "Registry"]} in (
+        values["Fn::Join"][1]
+    )
+
+
+def test_a_region_without_a_listed_registry_is_refused() -> None:
+    stack, _, cluster = their_cluster(region="mx-central-1")
+
+    with pytest.raises(ValueError, match="region 'mx-central-1' has no EKS image registry"):
+        NeuronPlugins(stack, "Plugins", cluster=cluster)
 
 
 def test_your_cluster_our_node_group_gets_the_device_plugins() -> None:
