@@ -107,6 +107,28 @@ def acknowledge_managed_policies(role: iam.IRole, reason: str) -> None:
         acknowledge(role, f"AwsSolutions-IAM4[Policy::{_flatten(arn)}]", reason)
 
 
+# The id CDK gives AwsCustomResource's one Lambda function per stack.
+AWS_CUSTOM_RESOURCE_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
+
+
+def acknowledge_sdk_call_provider(scope: Construct) -> None:
+    """Acknowledge the cdk-nag findings of CDK's AwsCustomResource function in ``scope``'s
+    stack (made by the first AwsCustomResource there): its AWS-managed logging policy and the
+    runtime CDK pins with its handler."""
+    provider = Stack.of(scope).node.find_child(AWS_CUSTOM_RESOURCE_PROVIDER)
+    role = provider.node.find_child("ServiceRole")
+    assert isinstance(role, iam.Role)
+    acknowledge_managed_policies(
+        role,
+        "AWSLambdaBasicExecutionRole: the AWS-maintained policy for the function's own logs.",
+    )
+    acknowledge(
+        provider,
+        "AwsSolutions-L1",
+        "CDK pins AwsCustomResource's Node.js runtime along with its handler.",
+    )
+
+
 def worker_node_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
     """An EC2 role for EKS worker nodes: join the cluster, pull from ECR, Session Manager.
 

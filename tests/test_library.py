@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Synth
+from tests.template_parts import scaling
 
 OTHER_APP = """
 import aws_cdk as cdk
@@ -260,7 +261,9 @@ def test_another_app_composes_the_installed_constructs(apps_synthesized: dict[st
     groups = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
     (group,) = groups
     assert group["Properties"]["CapacityType"] == "CAPACITY_BLOCK"
-    assert group["Properties"]["ScalingConfig"]["DesiredSize"] == 4
+    # Created empty, sized once active.
+    assert group["Properties"]["ScalingConfig"] == {"MinSize": 0, "MaxSize": 64, "DesiredSize": 0}
+    assert scaling(template)["desiredSize"] == 4
     vpcs = [r for r in template["Resources"].values() if r["Type"] == "AWS::EC2::VPC"]
     assert len(vpcs) == 1  # theirs; the construct created none
 

@@ -16,6 +16,7 @@ from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 import trn_catalog
 from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingWorkspace
 from tests.conftest import Synth, construct_app
+from tests.template_parts import scaling
 from trn_catalog import crds, ultraservers, versions
 from trn_catalog import workspace as shared
 from trn_catalog.outputs import EnvironmentOutputs
@@ -91,9 +92,9 @@ def test_node_roles_carry_no_cni_policy(dev: Synth) -> None:
 
 
 def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
-    (trn,) = [
-        g["Properties"]
-        for g in dev.resources("cluster", "AWS::EKS::Nodegroup").values()
+    ((trn_id, trn),) = [
+        (i, g["Properties"])
+        for i, g in dev.resources("cluster", "AWS::EKS::Nodegroup").items()
         if g["Properties"]["AmiType"] == "AL2023_x86_64_NEURON"
     ]
     trn_subnet = dev.platform.network.network.trn_subnet
@@ -101,7 +102,7 @@ def test_trainium_nodegroup_in_the_trn_subnet(dev: Synth) -> None:
     (subnet,) = trn["Subnets"]
     assert "PrivateSubnet1" in json.dumps(subnet)
     assert re.fullmatch(r"trn-dev-trn-[0-9a-f]{8}", trn["NodegroupName"])
-    assert trn["ScalingConfig"]["DesiredSize"] == 2
+    assert scaling(dev.template("cluster"), trn_id)["desiredSize"] == 2
 
 
 def all_addons(synth: Synth) -> dict[str, dict[str, Any]]:
@@ -824,11 +825,12 @@ def test_gpu_group_is_wired_into_the_cluster_and_the_outputs(
     assert dev.platform.cluster.gpu is None
     assert not dev.platform.workloads.outputs.has_gpu
     gpu = synth_variant("gpu")
-    groups = gpu.resources("cluster", "AWS::EKS::Nodegroup").values()
-    by_ami = {g["Properties"]["AmiType"]: g["Properties"] for g in groups}
+    groups = gpu.resources("cluster", "AWS::EKS::Nodegroup").items()
+    by_ami = {g["Properties"]["AmiType"]: g["Properties"] for _, g in groups}
     assert set(by_ami) == {"AL2023_x86_64_STANDARD", "AL2023_x86_64_NEURON", "AL2023_x86_64_NVIDIA"}
     nvidia = by_ami["AL2023_x86_64_NVIDIA"]
-    assert nvidia["ScalingConfig"]["DesiredSize"] == 2
+    (nvidia_id,) = [i for i, g in groups if g["Properties"] is nvidia]
+    assert scaling(gpu.template("cluster"), nvidia_id)["desiredSize"] == 2
     assert nvidia["NodegroupName"].startswith("trn-dev-gpu-")
     # The same single-AZ subnet as the trn group (a Capacity Block is in that AZ too).
     assert nvidia["Subnets"] == by_ami["AL2023_x86_64_NEURON"]["Subnets"]

@@ -12,7 +12,7 @@ from aws_cdk.assertions import Template
 import trn_catalog
 from constructs_lib import GpuNodeGroup, GpuNodeGroupProps
 from tests.conftest import construct_app
-from tests.template_parts import launch_data, nodegroup, of_type
+from tests.template_parts import launch_data, nodegroup, of_type, scaling
 
 RESERVATION = "cr-0123456789abcdef0"
 TYPES = ("p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge", "g6e.48xlarge")
@@ -127,7 +127,7 @@ def test_nvidia_ami_taint_labels_and_hardening(
     }
     assert "RemoteAccess" not in group and "InstanceTypes" not in group
     assert group["UpdateConfig"] == {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}
-    assert group["ScalingConfig"] == {"DesiredSize": 1, "MaxSize": 1, "MinSize": 0}
+    assert scaling(variants[instance_type, mode]) == {"desiredSize": 1, "maxSize": 1, "minSize": 0}
     tags = {t["Key"]: t["Value"] for t in data["TagSpecifications"][0]["Tags"]}
     assert tags["trn-platform/node-type"] == "gpu"
 

@@ -15,7 +15,7 @@ import trn_catalog
 from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
 from constructs_lib.trainium_nodegroup import REPLACING_PROPERTIES
 from tests.conftest import construct_app
-from tests.template_parts import launch_data, nodegroup, of_type
+from tests.template_parts import launch_data, nodegroup, of_type, scaling
 
 RESERVATION = "cr-0123456789abcdef0"
 TYPES = ("trn3.48xlarge", "trn2.48xlarge", "trn1.32xlarge")
@@ -130,7 +130,7 @@ def test_capacity_block(variants: dict[tuple[str, str], dict[str, Any]]) -> None
     }
     group = nodegroup(template)
     assert group["CapacityType"] == "CAPACITY_BLOCK"
-    assert group["ScalingConfig"] == {"DesiredSize": 2, "MaxSize": 2, "MinSize": 0}
+    assert scaling(template) == {"desiredSize": 2, "maxSize": 2, "minSize": 0}
 
 
 def test_odcr(variants: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -231,39 +231,42 @@ def test_a_replaced_node_group_gets_a_new_name(
     assert name_of(tweak, **overrides) != base_names["on-demand"]
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"desired_size": 4},
-        {"instance_type": "trn2.48xlarge"},
-        {"root_volume_gib": 1024},
-        {"labels": {"a": "b"}},
-    ],
-)
-def test_an_on_demand_group_updates_in_place(
+@pytest.mark.parametrize("overrides", [{"desired_size": 4}, {"labels": {"a": "b"}}])
+def test_a_size_or_label_change_keeps_the_group(
     base_names: dict[str, str], overrides: dict[str, Any]
 ) -> None:
-    """A new launch template version rolls on-demand nodes one at a time, under the same name."""
+    """The size goes through the group's Size call and labels through EKS's config update: the
+    same group, its launch template version untouched."""
     assert name_of(**overrides) == base_names["on-demand"]
 
 
 CAPACITY_BLOCK = {"capacity": "capacity-block", "capacity_reservation_id": RESERVATION}
+ODCR = {"capacity": "odcr", "capacity_reservation_id": RESERVATION}
 
 
+@pytest.mark.parametrize("mode", [{}, ODCR, CAPACITY_BLOCK], ids=["on-demand", "odcr", "block"])
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"capacity_reservation_id": "cr-0123456789abcdef9"},
         {"instance_type": "trn2.48xlarge"},
         {"root_volume_gib": 1024},
+        {"lnc": 1},
     ],
 )
-def test_a_capacity_block_group_is_replaced_not_updated(
-    base_names: dict[str, str], overrides: dict[str, Any]
+def test_a_launch_template_change_makes_a_new_group(
+    base_names: dict[str, str], mode: dict[str, str], overrides: dict[str, Any]
 ) -> None:
-    """EKS updates a Capacity Block group only at desired size 0, and a rolling update needs room
-    the block lacks: a new launch template makes a new group, never an update in place."""
-    assert name_of(**{**CAPACITY_BLOCK, **overrides}) != base_names["capacity-block"]
+    """CloudFormation refuses a node group update that changes the launch template version
+    together with any other property (aws/containers-roadmap#1258), so the version never changes
+    in place: a new launch template makes a new group, in every capacity mode (and EKS updates
+    a Capacity Block group only at desired size 0)."""
+    base = name_of(**mode)
+    assert name_of(**{**mode, **overrides}) != base
+
+
+def test_a_new_capacity_block_makes_a_new_group(base_names: dict[str, str]) -> None:
+    changed = {**CAPACITY_BLOCK, "capacity_reservation_id": "cr-0123456789abcdef9"}
+    assert name_of(**changed) != base_names["capacity-block"]
 
 
 def test_a_capacity_block_group_scales_in_place(base_names: dict[str, str]) -> None:

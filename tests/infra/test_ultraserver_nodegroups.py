@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import VARIANTS, Synth, synthesize
+from tests.template_parts import scaling
 from trn_catalog import ultraservers
 
 pytestmark = pytest.mark.slow
@@ -49,9 +50,19 @@ def test_each_block_is_a_capacity_block_group_of_one_ultraserver(ultra: Synth) -
     groups = trn_groups(ultra)
 
     assert [g["Labels"][ultraservers.ULTRASERVER_ID_LABEL] for g in groups] == list(BLOCKS)
+    ids = {
+        g["Properties"]["Labels"][ultraservers.ULTRASERVER_ID_LABEL]: i
+        for i, g in ultra.resources("cluster", "AWS::EKS::Nodegroup").items()
+        if ultraservers.ULTRASERVER_ID_LABEL in g["Properties"]["Labels"]
+    }
     for group in groups:
         assert group["CapacityType"] == "CAPACITY_BLOCK"
-        assert group["ScalingConfig"] == {"DesiredSize": 4, "MaxSize": 4, "MinSize": 0}
+        block = group["Labels"][ultraservers.ULTRASERVER_ID_LABEL]
+        assert scaling(ultra.template("cluster"), ids[block]) == {
+            "desiredSize": 4,
+            "maxSize": 4,
+            "minSize": 0,
+        }
         assert group["Labels"][ultraservers.ULTRASERVER_TYPE_LABEL] == "u-trn2x64"
         assert group["Labels"]["trn-platform/devices"] == "plugin"
     for block in BLOCKS:

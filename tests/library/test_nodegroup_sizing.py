@@ -10,13 +10,15 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk.assertions import Template
 
 from constructs_lib import GpuNodeGroup, TrainiumNodeGroup
+from constructs_lib.trainium_nodegroup import CREATED_SCALING
 from tests.conftest import construct_app
+from tests.template_parts import of_type, scaling
 
 GROUPS = (TrainiumNodeGroup, GpuNodeGroup)
 
 
-def nodegroup(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props: Any) -> Any:
-    """The AWS::EKS::Nodegroup's properties of one group built with ``props``."""
+def template(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props: Any) -> Any:
+    """The template of a stack with one group built with ``props``."""
     stack = cdk.Stack(
         construct_app(), "Nodes", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
@@ -25,34 +27,46 @@ def nodegroup(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props:
         stack, "Cluster", cluster_name="c", vpc=vpc, cluster_security_group_id="sg-0123"
     )
     group_class(stack, "Group", cluster=cluster, subnet=vpc.private_subnets[0], **props)
-    (group,) = Template.from_stack(stack).find_resources("AWS::EKS::Nodegroup").values()
+    return Template.from_stack(stack).to_json()
+
+
+def nodegroup(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props: Any) -> Any:
+    """The AWS::EKS::Nodegroup's properties of one group built with ``props``."""
+    (group,) = of_type(template(group_class, **props), "AWS::EKS::Nodegroup")
     return group["Properties"]
 
 
+def sized(group_class: type[TrainiumNodeGroup] = TrainiumNodeGroup, **props: Any) -> Any:
+    """The sizes a group built with ``props`` gets once active; its resource is created empty."""
+    built = template(group_class, **props)
+    (group,) = of_type(built, "AWS::EKS::Nodegroup")
+    assert group["Properties"]["ScalingConfig"] == CREATED_SCALING
+    return scaling(built)
+
+
 @pytest.mark.parametrize(
-    ("props", "scaling"),
+    ("props", "expected"),
     [
-        ({}, {"MinSize": 0, "DesiredSize": 2, "MaxSize": 2}),
-        ({"desired_size": 0}, {"MinSize": 0, "DesiredSize": 0, "MaxSize": 1}),
+        ({}, {"minSize": 0, "desiredSize": 2, "maxSize": 2}),
+        ({"desired_size": 0}, {"minSize": 0, "desiredSize": 0, "maxSize": 1}),
         (
             {"min_size": 1, "desired_size": 2, "max_size": 8},
-            {"MinSize": 1, "DesiredSize": 2, "MaxSize": 8},
+            {"minSize": 1, "desiredSize": 2, "maxSize": 8},
         ),
-        ({"desired_size": 4, "max_size": 4}, {"MinSize": 0, "DesiredSize": 4, "MaxSize": 4}),
+        ({"desired_size": 4, "max_size": 4}, {"minSize": 0, "desiredSize": 4, "maxSize": 4}),
     ],
 )
-def test_a_trainium_group_takes_min_desired_and_max(props: dict[str, int], scaling: Any) -> None:
-    assert nodegroup(**props)["ScalingConfig"] == scaling
+def test_a_trainium_group_takes_min_desired_and_max(props: dict[str, int], expected: Any) -> None:
+    assert sized(**props) == expected
 
 
 def test_a_gpu_group_takes_them_too() -> None:
-    assert nodegroup(GpuNodeGroup)["ScalingConfig"] == {
-        "MinSize": 0,
-        "DesiredSize": 1,
-        "MaxSize": 1,
+    assert sized(GpuNodeGroup) == {"minSize": 0, "desiredSize": 1, "maxSize": 1}
+    assert sized(GpuNodeGroup, min_size=2, desired_size=3, max_size=6) == {
+        "minSize": 2,
+        "desiredSize": 3,
+        "maxSize": 6,
     }
-    scaling = nodegroup(GpuNodeGroup, min_size=2, desired_size=3, max_size=6)["ScalingConfig"]
-    assert scaling == {"MinSize": 2, "DesiredSize": 3, "MaxSize": 6}
 
 
 @pytest.mark.parametrize("group_class", GROUPS)
