@@ -15,8 +15,11 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from constructs_lib._common import (
+    AWS_CUSTOM_RESOURCE_PROVIDER as AWS_CUSTOM_RESOURCE_PROVIDER,
+)
+from constructs_lib._common import (
     acknowledge,
-    acknowledge_managed_policies,
+    acknowledge_sdk_call_provider,
     deny_other_egress,
     log_group_key,
     retention,
@@ -61,10 +64,14 @@ _ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "fsx": ec2.InterfaceVpcEndpointAwsService.FSX,
 }
 
+# The name of TrainingNetwork's zone marker, which CloudFormation names when a deploy would move
+# the network's zones (see TrainingNetwork._zone_marker).
+ZONE_MARKER_NAME = (
+    "trn-zones: fixed once deployed. Another trn zone is another environment: "
+    "see docs/deploying.md, Moving the trn zone"
+)
 PRIVATE_SUBNET_NAME = "Private"
 PUBLIC_SUBNET_NAME = "Public"
-# The id CDK gives AwsCustomResource's one Lambda function per stack.
-AWS_CUSTOM_RESOURCE_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
 
 # Regions where the prefix reservation is CloudFormation's AWS::EC2::SubnetCidrReservation. Its
 # regional schemas (as cfn-lint 1.58 ships them) offer that type in us-east-1 and us-west-2 among
@@ -120,7 +127,16 @@ class TrainingNetwork(Construct):
     Default settings: one public /24 and one private subnet per AZ; private subnets route out
     through NAT; an S3 gateway endpoint on the private route tables; the interface endpoints of
     :data:`DEFAULT_INTERFACE_ENDPOINTS` with private DNS; all traffic logged to a KMS-encrypted
-    CloudWatch log group; the default security group stripped of all rules.
+    CloudWatch log group; the default security group stripped of all rules; a security group
+    without rules, ``zone_marker``, that keeps the zones as deployed (below).
+
+    The zones cannot move once deployed: a subnet's block goes by its zone's place in the list,
+    so a move replaces a subnet in another zone with the same block, which collides with the
+    subnet it replaces; the subnets' ids are exports other stacks import, which CloudFormation
+    does not change; and FSx, in the trn subnet, would be a new, empty file system. Every subnet
+    depends on ``zone_marker``, whose description names the zones and whose name is fixed: a
+    deploy that moves a zone stops at it, before any subnet is touched, with CloudFormation's
+    "cannot update a stack when a custom-named resource requires replacing" naming it.
 
     Pod IPs use VPC CNI prefix delegation rather than a secondary CIDR with custom networking:
     no ENIConfig per AZ to keep in step, the node's primary ENI keeps serving pods, and EFA-only
@@ -139,6 +155,7 @@ class TrainingNetwork(Construct):
         flow_log_group: the flow log group (None with ``vpc``).
         lustre_clients: a security group for the nodes that mount FSx for Lustre; the file
             system's group admits it (by group, as EFA requires). Created with ``vpc`` too.
+        zone_marker: the group that keeps the zones as deployed (None with ``vpc``).
 
     Raises:
         ValueError: fewer than two AZs, the trn AZ not among them, a bad CIDR or mask, more NAT
@@ -151,6 +168,7 @@ class TrainingNetwork(Construct):
     flow_log_group: logs.LogGroup | None
     endpoint_security_group: ec2.SecurityGroup | None
     lustre_clients: ec2.SecurityGroup
+    zone_marker: ec2.SecurityGroup | None
     _selection: dict[str, Any]
 
     def __init__(
@@ -231,7 +249,31 @@ class TrainingNetwork(Construct):
                 security_groups=[self.endpoint_security_group],
             )
         self._reserve_prefixes()
+        self.zone_marker = self._zone_marker()
         self.lustre_clients = self._lustre_clients()
+
+    def _zone_marker(self) -> ec2.SecurityGroup:
+        """A security group whose name stays and whose description (create-only) names the
+        zones, on which every subnet depends: a deploy that moves a zone must replace it first,
+        and CloudFormation cannot replace a resource of a fixed name, so the update stops before
+        any subnet is touched, naming the group, whose name says where to read on."""
+        zones = list(self.props.availability_zones)
+        marker = ec2.SecurityGroup(
+            self,
+            "ZoneMarker",
+            vpc=self.vpc,
+            security_group_name=ZONE_MARKER_NAME,
+            description=(
+                f"Zones of this VPC: trn {self.props.trn_availability_zone}, all "
+                f"{' '.join(zones)}. Fixed once deployed; another trn zone is another "
+                "environment"
+            ),
+            allow_all_outbound=False,
+        )
+        deny_other_egress(marker)
+        for subnet in [*self.vpc.public_subnets, *self.vpc.private_subnets]:
+            subnet.node.add_dependency(marker)
+        return marker
 
     def _lustre_clients(self) -> ec2.SecurityGroup:
         group = ec2.SecurityGroup(
@@ -258,6 +300,7 @@ class TrainingNetwork(Construct):
             ) from None
         self.flow_log_group = None
         self.endpoint_security_group = None
+        self.zone_marker = None
         self._selection = {"subnet_type": ec2.SubnetType.PRIVATE_WITH_EGRESS}
         self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.trn_subnet_selection = ec2.SubnetSelection(
@@ -336,23 +379,12 @@ class TrainingNetwork(Construct):
             # The SDK in Lambda's runtime has both calls; installing another needs the internet.
             install_latest_aws_sdk=False,
         )
-        provider = Stack.of(self).node.find_child(AWS_CUSTOM_RESOURCE_PROVIDER)
-        role = provider.node.find_child("ServiceRole")
-        assert isinstance(role, iam.Role)
-        acknowledge_managed_policies(
-            role,
-            "AWSLambdaBasicExecutionRole: the AWS-maintained policy for the function's own logs.",
-        )
+        acknowledge_sdk_call_provider(self)
         acknowledge(
             call,
             "AwsSolutions-IAM5[Resource::*]",
             "A reservation's id exists only once created, so its ARN cannot be named up front; "
             "the policy allows making and deleting reservations only, at deploy time.",
-        )
-        acknowledge(
-            provider,
-            "AwsSolutions-L1",
-            "CDK pins AwsCustomResource's Node.js runtime along with its handler.",
         )
 
 

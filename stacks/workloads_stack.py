@@ -71,6 +71,7 @@ class WorkloadsStack(Stack):
         self.outputs = EnvironmentOutputs(
             environment=config.name,
             region=config.region,
+            availability_zone=config.availability_zone,
             cluster_name=cluster.cluster_name,
             # A plain string at synth, not a reference: the cluster stack can replace the node
             # group (new name) without an export that this stack holds.

@@ -104,6 +104,9 @@ class EnvironmentOutputs:
     # Empty without UltraServer blocks; such environments do not write these keys.
     ultraserver_type: str = ""
     ultraserver_ids: str = ""
+    # The zone of the trn capacity, which cannot move once deployed (docs/deploying.md); empty
+    # in outputs written before this key existed.
+    availability_zone: str = ""
 
     @property
     def ultraserver_id_list(self) -> list[str]:

@@ -378,6 +378,33 @@ def run(ec2: Any, quotas: Any, request: Request) -> list[Check]:
     ]
 
 
+def check_zone(outputs: EnvironmentOutputs, request: Request) -> Check:
+    """Whether ``request``'s zone is the environment's trn zone, which cannot move once deployed
+    (its subnets, exports and FSx stay in it; docs/deploying.md, "Moving the trn zone"). Outputs
+    written before they named the zone give a warning."""
+    deployed, wanted = outputs.availability_zone, request.availability_zone
+    if not deployed:
+        return Check(
+            "trn zone",
+            Status.WARN,
+            f"the outputs of {outputs.environment} predate the zone key",
+            "redeploy its workloads stack to record the zone",
+        )
+    if deployed == wanted:
+        return Check(
+            "trn zone", Status.PASS, f"{outputs.environment} runs its trn nodes in {wanted}"
+        )
+    return Check(
+        "trn zone",
+        Status.FAIL,
+        f"{outputs.environment} runs its trn nodes in {deployed}; {wanted} would move them, and a "
+        "deployed environment's zones cannot move",
+        f"deploy a new environment in {wanted} (a preview: -c preview=<project> "
+        f"-c availability_zone={wanted}; or destroy {outputs.environment} and deploy it again "
+        "there), move its data (docs/deploying.md, Moving the trn zone), then destroy the old one",
+    )
+
+
 def check_devices(outputs: EnvironmentOutputs) -> list[Check]:
     """How the environment's trn nodes get their devices and their logical NeuronCore setting,
     from its outputs: ``devices`` (``plugin`` or ``dra``) and, on the plugin path, the nodes'

@@ -1,5 +1,6 @@
 import ipaddress
 import json
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -11,7 +12,7 @@ from aws_cdk.assertions import Template
 from moto import mock_aws
 
 from constructs_lib import DEFAULT_INTERFACE_ENDPOINTS, TrainingNetwork, TrainingNetworkProps
-from constructs_lib.network import NATIVE_RESERVATION_REGIONS
+from constructs_lib.network import NATIVE_RESERVATION_REGIONS, ZONE_MARKER_NAME
 from platform_config.parse import DEFAULT_REGION
 from tests.conftest import Synth, construct_app
 
@@ -341,3 +342,50 @@ def test_bring_your_own_vpc_without_a_private_subnet_in_the_trn_az() -> None:
         TrainingNetwork(
             stack, "N", props=TrainingNetworkProps(trn_availability_zone="us-east-2c", vpc=vpc)
         )
+
+
+def test_a_deployed_networks_zones_do_not_move(
+    dev: Synth, synth_variant: Callable[[str], Synth]
+) -> None:
+    """The same environment with its trn zone in us-east-2b (the UltraServer variant): each
+    subnet keeps its logical id and block in another zone, so CloudFormation would replace it
+    with a subnet of the same block, which collides. The zone marker, which every subnet waits
+    for, keeps its name and gets a new description: a custom-named replacement CloudFormation
+    refuses, before any subnet is touched, naming the group and with it the way."""
+    moved = synth_variant("ultraserver")
+
+    def layout(synth: Synth) -> dict[str, tuple[str, str]]:
+        return {
+            i: (r["Properties"]["AvailabilityZone"], r["Properties"]["CidrBlock"])
+            for i, r in synth.resources("network", "AWS::EC2::Subnet").items()
+        }
+
+    before, after = layout(dev), layout(moved)
+    assert before.keys() == after.keys()
+    assert {i: b for i, (_, b) in before.items()} == {i: b for i, (_, b) in after.items()}
+    assert any(before[i][0] != after[i][0] for i in before)
+
+    def marker(synth: Synth) -> tuple[str, dict[str, Any]]:
+        ((logical_id, group),) = [
+            (i, r["Properties"])
+            for i, r in synth.resources("network", "AWS::EC2::SecurityGroup").items()
+            if "ZoneMarker" in i
+        ]
+        return logical_id, group
+
+    marker_id, was = marker(dev)
+    _, now = marker(moved)
+    assert was["GroupName"] == now["GroupName"] == ZONE_MARKER_NAME
+    assert "see docs/deploying.md, Moving the trn zone" in ZONE_MARKER_NAME
+    assert was["GroupDescription"].startswith("Zones of this VPC: trn us-east-2a, all ")
+    assert now["GroupDescription"].startswith("Zones of this VPC: trn us-east-2b, all ")
+    schemas = resources.files("cfnlint") / "data" / "schemas"
+    providers = json.loads((schemas / "providers" / "us-east-2.json").read_text())
+    schema = json.loads(
+        (schemas / "resources" / f"{providers['AWS::EC2::SecurityGroup']}.json").read_text()
+    )
+    assert {"/properties/GroupName", "/properties/GroupDescription"} <= set(
+        schema["createOnlyProperties"]
+    )
+    for logical_id, subnet in moved.resources("network", "AWS::EC2::Subnet").items():
+        assert marker_id in subnet.get("DependsOn", []), logical_id

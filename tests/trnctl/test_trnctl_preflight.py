@@ -10,6 +10,7 @@ import pytest
 from preflight_answers import QUOTA, quota_response
 
 import trn_catalog
+from tests.conftest import sample_outputs
 from trnctl import capacity, preflight
 
 pytestmark = pytest.mark.usefixtures("moto")
@@ -408,3 +409,32 @@ def test_throttling_is_one_line_and_exit_3(trnctl: Any, clients: Any, stub: Any)
         "trnctl: AWS throttled DescribeCapacityReservations (RequestLimitExceeded) and adaptive "
         "retries gave up: wait a minute and run the command again\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("deployed", "status", "said"),
+    [
+        ("us-east-2a", preflight.Status.PASS, "trn-dev runs its trn nodes in us-east-2a"),
+        (
+            "us-east-2b",
+            preflight.Status.FAIL,
+            "trn-dev runs its trn nodes in us-east-2b; us-east-2a would move them",
+        ),
+        ("", preflight.Status.WARN, "the outputs of trn-dev predate the zone key"),
+    ],
+)
+def test_the_trn_zone_of_a_deployed_environment_does_not_move(
+    deployed: str, status: preflight.Status, said: str
+) -> None:
+    request = preflight.Request("us-east-2", "us-east-2a", "trn2.48xlarge", 2)
+
+    check = preflight.check_zone(sample_outputs(availability_zone=deployed), request)
+
+    assert (check.name, check.status) == ("trn zone", status)
+    assert check.detail.startswith(said)
+    if status is preflight.Status.FAIL:
+        assert check.fix == (
+            "deploy a new environment in us-east-2a (a preview: -c preview=<project> "
+            "-c availability_zone=us-east-2a; or destroy trn-dev and deploy it again there), "
+            "move its data (docs/deploying.md, Moving the trn zone), then destroy the old one"
+        )

@@ -30,9 +30,10 @@ def preflight_command(
         str | None,
         typer.Option(
             "--env",
-            help="A deployed environment (trn-dev, ...): also report how its trn nodes get "
-            "their devices (plugin or dra) and their logical NeuronCore setting, from its "
-            "outputs and read back from the nodes' labels, and its UltraServers.",
+            help="A deployed environment (trn-dev, ...): also check that --az is its trn zone "
+            "(which cannot move) and report how its trn nodes get their devices (plugin or "
+            "dra) and their logical NeuronCore setting, from its outputs and read back from "
+            "the nodes' labels, and its UltraServers.",
         ),
     ] = None,
 ) -> None:
@@ -51,6 +52,7 @@ def preflight_command(
     )
     if env is not None:
         outputs = common.outputs_of(env, resolved)
+        checks.append(preflight.check_zone(outputs, request))
         checks += preflight.check_devices(outputs)
         checks += node_checks(outputs)
     common.print_checks(f"preflight: {count} x {instance_type} in {az}", "check", checks)
