@@ -3,8 +3,10 @@ import os
 import subprocess
 import sys
 import tracemalloc
+import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -13,6 +15,7 @@ from moto import mock_aws
 from torch import nn
 
 from tests import warm
+from tests.s3_writes import S3Writes, Stopped
 from trainer import checkpoint, optim
 from trainer.checkpoint import (
     Checkpointer,
@@ -242,6 +245,103 @@ def test_s3_store_removes_a_state_whose_upload_was_killed() -> None:
 
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
     assert keys == ["run-1/step_00000001/meta.json", "run-1/step_00000001/state.pt"]
+
+
+def _model_files(root: Path) -> tuple[Path, ...]:
+    """Two small files a run from a model directory carries in each checkpoint."""
+    root.mkdir()
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "tokenizer.json").write_text("{}")
+    return (root / "config.json", root / "tokenizer.json")
+
+
+def _listed(meta: dict[str, Any]) -> list[str]:
+    """Every file ``meta`` (a meta.json) vouches for, as paths in the checkpoint."""
+    files = list(meta.get("files", [])) or [checkpoint.STATE]
+    return files + [f"{checkpoint.MODEL_FILES}/{f}" for f in meta.get("model_files", [])]
+
+
+@mock_aws
+@pytest.mark.parametrize("sharded", [False, True])
+def test_s3_uploads_meta_json_after_every_file_it_lists(tmp_path: Path, sharded: bool) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    checkpointer = Checkpointer(
+        S3Store("s3://ckpt/run", client=s3), model_files=_model_files(tmp_path / "model")
+    )
+    model, opt = _trained(0)
+    writes = S3Writes(s3)
+
+    checkpointer.save(3, model, opt, sharded=sharded)
+
+    meta = json.loads(
+        s3.get_object(Bucket="ckpt", Key="run/step_00000003/meta.json")["Body"].read()
+    )
+    listed = [f"run/step_00000003/{file}" for file in _listed(meta)]
+    assert len(listed) == (4 if sharded else 3)
+    assert sorted(writes.puts[:-1]) == sorted(listed)
+    assert writes.puts[-1] == "run/step_00000003/meta.json"
+
+
+@mock_aws
+@pytest.mark.parametrize("stop_at", [1, 2, 3])
+def test_a_save_stopped_between_two_uploads_is_never_resumed_nor_kept(
+    tmp_path: Path, stop_at: int
+) -> None:
+    """Stopped before its state, its second model file or its meta.json reached S3, checkpoint
+    2 is not among the checkpoints, the next start removes what it left and resumes step 1."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    files = _model_files(tmp_path / "model")
+    store = S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "node")
+    model, opt = _trained(0)
+    Checkpointer(store, model_files=files).save(1, model, opt)
+    writes = S3Writes(s3, stop_at=stop_at)
+    other, other_opt = _trained(1)
+    with pytest.raises(Stopped):
+        Checkpointer(store, model_files=files).save(2, other, other_opt)
+    writes.close()
+    assert len(writes.puts) == stop_at - 1
+
+    restarted = Checkpointer(S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "n2"))
+    assert restarted.store.names() == ["step_00000001"]
+    assert restarted.remove_stale() == (["step_00000002"] if writes.puts else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)
+        assert restarted.newest_valid() == "step_00000001"
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"]}
+    assert not any(key.startswith("run/step_00000002/") for key in keys)
+    fresh, fresh_opt = _trained(2)
+    assert restarted.resume("step_00000001", fresh, fresh_opt) == 1
+    assert _same(fresh, model)
+
+
+@mock_aws
+def test_a_save_again_at_a_step_stopped_midway_leaves_no_meta_json_vouching_for_it(
+    tmp_path: Path,
+) -> None:
+    """A run resumed from step 1 saves step 2 again over an earlier step 2; stopped after the
+    new state.pt is up, the earlier meta.json must not still stand for a mix of the two."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    store = S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "node")
+    _save_steps(store, [1, 2])
+    writes = S3Writes(s3, stop_at=2)  # the new state.pt is written, its meta.json is not
+    other, other_opt = _trained(1)
+    with pytest.raises(Stopped):
+        Checkpointer(store).save(2, other, other_opt)
+    writes.close()
+
+    assert writes.log == [
+        ("delete", "run/step_00000002/meta.json"),
+        ("put", "run/step_00000002/state.pt"),
+    ]
+    restarted = Checkpointer(S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "n2"))
+    assert restarted.store.names() == ["step_00000001"]
+    assert restarted.remove_stale() == ["step_00000002"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptCheckpointWarning)
+        assert restarted.newest_valid() == "step_00000001"
 
 
 RUN = {

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory ``step_00000123/`` holding ``state.pt`` (model, optimizer, RNG and
 step) and ``meta.json`` (step, size, CRC-32 of ``state.pt``). It is staged under a temporary name
-and renamed into place (on S3, ``meta.json`` is uploaded last), so a checkpoint is either
+and renamed into place (on S3, ``meta.json`` is uploaded after every file it lists, and the one
+of an earlier save at the same step is deleted before the first), so a checkpoint is either
 complete or absent; ``meta.json`` is the mark of completion. What a save killed midway leaves
 behind is removed by :meth:`Store.remove_stale` when the writing rank starts. Checking a
 checkpoint streams its CRC, and falls back to the next older checkpoint, with a
@@ -124,6 +125,11 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def retract(self, name: str) -> None:
+        """Makes checkpoint ``name`` incomplete (not among :meth:`names`) before it is written
+        again at the same step: the main rank, before any rank writes a file of it."""
+        ...
+
     def remove_stale(self) -> list[str]:
         """Removes what saves killed midway left behind and returns what it removed. Only for
         the writing rank, before its first save."""
@@ -196,6 +202,10 @@ class LocalStore:
     def delete(self, name: str) -> None:
         shutil.rmtree(self.root / name, ignore_errors=True)
 
+    def retract(self, name: str) -> None:
+        """Nothing: :meth:`publish` sets the old checkpoint aside only once the new one is
+        staged whole, and :meth:`remove_stale` puts it back if the rename never came."""
+
     def remove_stale(self) -> list[str]:
         """Deletes staging directories (a save killed before it was published) and checkpoints
         set aside by :meth:`publish`, putting one back where its replacement is missing."""
@@ -231,7 +241,8 @@ class LocalStore:
 
 
 class S3Store:
-    """``s3://bucket/prefix``; boto3 is imported only here. ``meta.json`` goes up last.
+    """``s3://bucket/prefix``; boto3 is imported only here. ``meta.json`` goes up last, after
+    every file it lists.
 
     Files read for loading are downloaded once per node into ``node_cache`` (default: a
     directory for this prefix under the system's temporary directory, node-local in a pod),
@@ -349,8 +360,14 @@ class S3Store:
 
     def delete(self, name: str) -> None:
         # meta.json first: a half-deleted checkpoint must not look complete.
-        self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, META))
+        self.retract(name)
         self._delete_all(name)
+
+    def retract(self, name: str) -> None:
+        """Deletes ``meta.json`` of ``name``: objects have no rename, so the files of a save at a
+        step that already has a checkpoint overwrite that one's in place, and its old
+        ``meta.json`` would otherwise vouch for a mix of both if the save stopped midway."""
+        self.s3.delete_object(Bucket=self.bucket, Key=self._key(name, META))
 
     def _delete_all(self, name: str) -> None:
         """Every object of checkpoint ``name`` (``state.pt`` and carried model files)."""
@@ -544,6 +561,7 @@ class Checkpointer:
         name = name_for(step)
         if not main:
             return name
+        self.store.retract(name)
         staged = self.store.staging()
         size, crc = _write_state(state, staged / STATE)
         meta: dict[str, object] = {
@@ -570,6 +588,9 @@ class Checkpointer:
 
         ranks = ranks or parallel.Ranks()
         name = name_for(step)
+        if main:
+            # Before the gather below, after which the other ranks upload their files.
+            self.store.retract(name)
         staged = self.store.staging() if main or not self.store.shared_staging else None
         if self.store.shared_staging:
             staged = Path(str(parallel.broadcast_object(str(staged), ranks, group)))
