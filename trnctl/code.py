@@ -3,7 +3,8 @@
 ``trnctl code stage DIR NAME`` uploads the files of ``DIR`` (its subdirectories too) to
 ``code/NAME/`` in the environment's datasets bucket through :mod:`trnctl.transfer` (SHA-256
 checksums, intact files skipped on a rerun), and then, last, a manifest :data:`MANIFEST` listing
-every file with its size and SHA-256. A prefix with that manifest was staged whole: that is what
+every file with its size and SHA-256; a stage with anything to upload first deletes the manifest
+an earlier stage wrote. A prefix with that manifest was staged whole: that is what
 ``trnctl job submit --code code/NAME -- COMMAND`` checks (:func:`require_staged`) before it runs
 ``COMMAND`` in ``/datasets/code/NAME`` (:func:`pod_path`), where the runtime mounts the bucket
 read-only (Mountpoint for S3).

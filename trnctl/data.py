@@ -5,7 +5,9 @@ imported rather than copied, so that what trnctl stages is what the trainer read
 loads torch (about two seconds), which is why the CLI imports this module only for ``data``.
 
 Uploads go through :mod:`trnctl.transfer`: a rerun skips shards already uploaded intact (same
-size, same SHA-256 from the manifest).
+size, same SHA-256 from the manifest). The manifest goes up after every file it names, and a stage
+that has anything to upload deletes the prefix's manifest before its first upload, so a stage
+stopped midway leaves a prefix without a manifest, which the trainer refuses.
 
 Staging is where shards are hashed in full (written, then read back by the trainer's reader with
 every SHA-256 checked); the trainer checks only headers and sizes when it starts, and records the
@@ -28,6 +30,8 @@ from trnctl.transfer import MIB, S3Prefix, Upload
 from trnctl.transfer import upload_all as upload_all
 
 DEFAULT_SHARD_TOKENS = 1 << 24
+# The dataset's completion marker: uploaded after every file it names.
+MANIFEST = shard_format.MANIFEST
 _READ_BYTES = 64 * MIB
 
 

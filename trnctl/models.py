@@ -3,8 +3,9 @@
 ``trnctl model stage DIR NAME`` checks that ``DIR`` is a model the trainer reads (see
 :func:`inspect`) and uploads it to ``models/NAME/`` in the environment's datasets bucket through
 :mod:`trnctl.transfer` (multipart, SHA-256 checksums, intact files skipped on a rerun).
-``config.json`` goes up last, so a model whose ``config.json`` is in the bucket was staged whole:
-that is what ``trnctl job submit --model models/NAME`` checks (:func:`require_staged`).
+``config.json`` goes up last, and a stage with anything to upload deletes it before its first
+upload, so a model whose ``config.json`` is in the bucket was staged whole: that is what
+``trnctl job submit --model models/NAME`` checks (:func:`require_staged`).
 
 Jobs read the model where they read their data: the runtime mounts the datasets bucket read-only
 at ``/datasets`` (Mountpoint for S3), so ``models/NAME`` is ``/datasets/models/NAME`` in every

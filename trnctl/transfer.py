@@ -171,6 +171,17 @@ class StagedArea:
             )
 
 
+def retract(s3: Any, bucket: str, marker: str) -> None:
+    """Deletes the completion marker ``marker`` (a staged directory's manifest or last file)
+    before a stage uploads anything: a stage stopped midway then leaves no marker, rather than an
+    earlier stage's naming files that this one has started to replace.
+
+    Raises:
+        botocore.exceptions.ClientError: S3 refused the delete (access denied, no bucket).
+    """
+    s3.delete_object(Bucket=bucket, Key=marker)
+
+
 def pending(s3: Any, items: list[Upload], dest: S3Prefix) -> list[Upload]:
     """The items that ``dest`` does not already hold intact, in order.
 

@@ -16,6 +16,7 @@ from test_trnctl_aws import OUTPUTS
 
 from tests.conformance.kube_objects import manifests, problems
 from tests.conftest import Synth
+from tests.s3_writes import S3Writes, Stopped
 from trn_catalog import crds
 from trn_catalog import workspace as ws
 from trnctl import code as codes
@@ -248,16 +249,20 @@ def keys(s3: Any, prefix: str) -> list[str]:
 
 
 def test_code_stage_uploads_the_code_then_its_manifest(
-    trnctl: Any, deployed: Any, code_dir: Path
+    trnctl: Any, deployed: Any, clients: Any, code_dir: Path
 ) -> None:
+    writes = S3Writes(clients("s3", OUTPUTS.region))
+
     run = trnctl("code", "stage", str(code_dir), "mine", "--env", "trn-dev")
 
     assert run.exit_code == 0, run.stderr
-    assert keys(deployed, "code/") == [
-        "code/mine/pkg/model.py",
-        "code/mine/train.py",
-        "code/mine/trnctl-code.json",
+    assert writes.log == [
+        ("delete", "code/mine/trnctl-code.json"),
+        ("put", "code/mine/pkg/model.py"),
+        ("put", "code/mine/train.py"),
+        ("put", "code/mine/trnctl-code.json"),
     ]
+    assert keys(deployed, "code/") == sorted(writes.puts)
     assert "uploaded 2, skipped 0 already intact; left out .git, old.pyc, pkg/__pycache__" in (
         run.stdout
     )
@@ -284,6 +289,29 @@ def test_a_rerun_skips_intact_files_and_names_stale_ones(
 
     again = trnctl("code", "stage", str(code_dir), "mine", "--env", "trn-dev")
     assert "uploaded 0, skipped 1 already intact" in again.stdout
+
+
+@pytest.mark.usefixtures("no_kubernetes")
+@pytest.mark.parametrize("stop_at", [1, 2])
+@pytest.mark.parametrize("earlier_stage", [False, True])
+def test_a_code_stage_stopped_between_two_uploads_is_refused_by_jobs(
+    trnctl: Any, deployed: Any, clients: Any, code_dir: Path, stop_at: int, earlier_stage: bool
+) -> None:
+    """Stopped before its first or second upload, on a new prefix or over an earlier stage of the
+    same name: no manifest vouches for the half-staged code, and a job refuses it."""
+    if earlier_stage:
+        assert trnctl("code", "stage", str(code_dir), "mine", "--env", "trn-dev").exit_code == 0
+    (code_dir / "train.py").write_text("print('changed')\n")
+    writes = S3Writes(clients("s3", OUTPUTS.region), stop_at=stop_at)
+
+    with pytest.raises(Stopped):
+        trnctl("code", "stage", str(code_dir), "mine", "--env", "trn-dev")
+    writes.close()
+
+    assert writes.log[0] == ("delete", "code/mine/trnctl-code.json")
+    run = trnctl("job", "submit", "--env", "trn-dev", "--code", "code/mine", "--dry-run", "--", "x")
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert "code code/mine is not staged: " in run.stderr
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -11,9 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.s3_writes import S3Writes, Stopped
 from trainer import data as shard_format
 from trnctl import aws, data
 from trnctl.errors import TrnctlError
+from trnctl.transfer import MIB, Upload
 
 pytestmark = pytest.mark.usefixtures("moto")
 
@@ -119,7 +123,8 @@ def test_a_rerun_replaces_a_shard_that_is_not_intact(
 
     run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
 
-    assert "uploaded 1, skipped 2" in run.stdout
+    # The shard, and the manifest again: it is deleted before the shard goes up.
+    assert "uploaded 2, skipped 1" in run.stdout
     shard_format.open_dataset(download(s3, "tiny/", tmp_path / "back"), verify=True)
 
 
@@ -325,3 +330,105 @@ def test_a_prepared_dataset_that_fails_its_checks_is_not_uploaded(
     assert run.stderr.startswith(f"trnctl: prepared dataset {str(prepared)!r}: ")
     assert "shard_00000.mask" in run.stderr and "prepare-data` again" in run.stderr
     assert "Contents" not in s3.list_objects_v2(Bucket=BUCKET)
+
+
+def test_the_manifest_goes_up_after_every_file_it_names(
+    trnctl: Any, s3: Any, clients: Any, corpus: Path
+) -> None:
+    writes = S3Writes(clients("s3"))
+
+    run = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+
+    assert run.exit_code == 0, run.stderr
+    assert writes.log == [
+        ("delete", "tiny/manifest.json"),
+        ("put", "tiny/shard_00000.bin"),
+        ("put", "tiny/shard_00001.bin"),
+        ("put", "tiny/manifest.json"),
+    ]
+
+
+def _stopped_stage(trnctl: Any, clients: Any, source: Path, stop_at: int) -> S3Writes:
+    writes = S3Writes(clients("s3"), stop_at=stop_at)
+    with pytest.raises(Stopped):
+        stage(trnctl, source, f"s3://{BUCKET}/tiny")
+    writes.close()
+    return writes
+
+
+def _refused(s3: Any, into: Path) -> None:
+    """The trainer's reader, as a job opens its data at start, refuses what the prefix holds."""
+    into.mkdir()
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="tiny/").get("Contents", []):
+        s3.download_file(BUCKET, item["Key"], str(into / item["Key"].rsplit("/", 1)[1]))
+    with pytest.raises(shard_format.ShardError, match=r"manifest\.json: unreadable manifest"):
+        shard_format.open_dataset(into, verify=False)
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3])
+def test_a_stage_stopped_between_two_uploads_leaves_a_dataset_no_job_reads(
+    trnctl: Any, s3: Any, clients: Any, corpus: Path, tmp_path: Path, stop_at: int
+) -> None:
+    """Stopped before its first shard, its second or its manifest: no manifest, so the trainer
+    refuses the prefix; the next stage uploads what is missing and completes it."""
+    writes = _stopped_stage(trnctl, clients, corpus, stop_at)
+
+    assert len(writes.puts) == stop_at - 1
+    _refused(s3, tmp_path / "back")
+    again = stage(trnctl, corpus, f"s3://{BUCKET}/tiny")
+    assert f"uploaded {4 - stop_at}, skipped {stop_at - 1} already intact" in again.stdout
+    shard_format.open_dataset(download(s3, "tiny/", tmp_path / "whole"), verify=True)
+
+
+def test_a_restage_stopped_midway_leaves_no_manifest_of_the_earlier_data(
+    trnctl: Any, s3: Any, clients: Any, corpus: Path, tmp_path: Path
+) -> None:
+    """Staging other text of the same size to the same prefix, stopped after its first shard:
+    the earlier manifest would vouch for a shard it never named (the trainer checks sizes, not
+    hashes, when it starts), so it is gone before the first upload."""
+    assert stage(trnctl, corpus, f"s3://{BUCKET}/tiny").exit_code == 0
+    a_txt = corpus / "a.txt"
+    a_txt.write_bytes(a_txt.read_bytes().upper())
+
+    writes = _stopped_stage(trnctl, clients, corpus, stop_at=2)
+
+    assert writes.log == [("delete", "tiny/manifest.json"), ("put", "tiny/shard_00000.bin")]
+    _refused(s3, tmp_path / "back")
+
+
+def _sha256_b64(raw: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(raw).digest()).decode()
+
+
+def test_every_part_and_the_completed_upload_carry_their_sha256(s3: Any, tmp_path: Path) -> None:
+    """Each part of a multipart upload and the call that completes it name the part's SHA-256,
+    and the object's checksum is the composite of the three, computed here from the file. moto
+    5.2.5 echoes the checksum a part was sent with and composes the object's from the parts'
+    bytes without comparing the two (s3/responses.py upload_part, s3/models.py
+    MultipartChecksumBuilder), so the comparison is this test's."""
+    body = np.random.default_rng(0).bytes(12 * MIB)  # 5 + 5 + 2 MiB
+    path = tmp_path / "big.bin"
+    path.write_bytes(body)
+    seen: dict[str, list[dict[str, Any]]] = {}
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        seen.setdefault(model.name, []).append(dict(params))
+
+    for operation in ("CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"):
+        s3.meta.events.register(f"before-parameter-build.s3.{operation}", record)
+    item = Upload(path, "big/big.bin", hashlib.sha256(body).hexdigest())
+
+    data.upload_all(s3, [item], data.S3Prefix(BUCKET, "big/"), part_mib=5)
+
+    parts = [body[i : i + 5 * MIB] for i in range(0, len(body), 5 * MIB)]
+    assert [c["ChecksumAlgorithm"] for c in seen["CreateMultipartUpload"]] == ["SHA256"]
+    assert {p["ChecksumAlgorithm"] for p in seen["UploadPart"]} == {"SHA256"}
+    (complete,) = seen["CompleteMultipartUpload"]
+    assert [
+        (p["PartNumber"], p["ChecksumSHA256"]) for p in complete["MultipartUpload"]["Parts"]
+    ] == [(n, _sha256_b64(part)) for n, part in enumerate(parts, start=1)]
+    head = s3.head_object(Bucket=BUCKET, Key="big/big.bin", ChecksumMode="ENABLED")
+    composite = b"".join(hashlib.sha256(part).digest() for part in parts)
+    # S3 appends the part count ("-3") to a composite checksum; moto 5.2.5 leaves it out here.
+    assert head["ChecksumSHA256"].removesuffix("-3") == _sha256_b64(composite)
+    assert head["Metadata"]["sha256"] == hashlib.sha256(body).hexdigest()

@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import save_file
 from test_trnctl_aws import OUTPUTS
 
+from tests.s3_writes import S3Writes, Stopped
 from trn_catalog import hf_models
 from trnctl import aws, models
 from trnctl.errors import ExitCode, TrnctlError
@@ -161,10 +162,31 @@ def test_a_changed_file_is_uploaded_again(trnctl: Any, s3: Any, model_dir: Path)
 
     run = stage(trnctl, model_dir)
 
-    assert "uploaded 2, skipped 5 already intact" in run.stdout
+    # The two files, and config.json again: it is deleted before they go up.
+    assert "uploaded 3, skipped 4 already intact" in run.stdout
     body = s3.get_object(Bucket=BUCKET, Key="models/tiny-llama/tokenizer_config.json")["Body"]
     assert json.loads(body.read()) == {"model_max_length": 256}
     assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"{}"
+    models.require_staged(s3, BUCKET, "tiny-llama", "trn-dev")
+
+
+def test_a_restage_stopped_midway_leaves_no_config_json_vouching_for_it(
+    trnctl: Any, s3: Any, clients: Any, model_dir: Path
+) -> None:
+    """config.json marks a stage that finished: a stage of changed files over an earlier one,
+    stopped before its first upload, must not leave the earlier one's."""
+    assert stage(trnctl, model_dir).exit_code == 0
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    writes = S3Writes(clients("s3", OUTPUTS.region), stop_at=1)
+
+    with pytest.raises(Stopped):
+        stage(trnctl, model_dir)
+    writes.close()
+
+    assert writes.log == [("delete", "models/tiny-llama/config.json")]
+    with pytest.raises(TrnctlError, match=r"model models/tiny-llama is not staged: ") as error:
+        models.require_staged(s3, BUCKET, "tiny-llama", "trn-dev")
+    assert error.value.exit_code == ExitCode.NOT_FOUND
 
 
 def test_large_weights_go_up_as_multipart_with_their_sha256(

@@ -38,7 +38,7 @@ def code_stage(
     location = codes.prefix(outputs.datasets_bucket, name)
     items = codes.uploads(code, location)
     s3 = aws.client("s3", outputs.region)
-    todo = common.upload(s3, items, location, part_size_mib)
+    todo = common.upload(s3, items, location, part_size_mib, marker=location.key(codes.MANIFEST))
     s3.put_object(
         Bucket=location.bucket,
         Key=location.key(codes.MANIFEST),

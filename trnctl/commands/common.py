@@ -82,11 +82,22 @@ def print_checks(title: str, first_column: str, checks: list[preflight.Check]) -
 
 
 def upload(
-    s3: Any, items: list[transfer.Upload], location: transfer.S3Prefix, part_mib: int
+    s3: Any,
+    items: list[transfer.Upload],
+    location: transfer.S3Prefix,
+    part_mib: int,
+    *,
+    marker: str,
 ) -> list[transfer.Upload]:
-    """Uploads the items ``location`` does not hold intact, with a progress bar on a terminal;
-    returns those it uploaded."""
-    todo = transfer.pending(s3, items, location)
+    """Uploads the items ``location`` does not hold intact, in order, with a progress bar on a
+    terminal; returns those it uploaded. ``marker`` is the key of the stage's completion marker,
+    which the caller writes last (the last item, or after this returns): when anything is to be
+    uploaded it is deleted first (:func:`transfer.retract`), and, when it is an item, uploaded
+    again last even if it was intact."""
+    pending = transfer.pending(s3, items, location)
+    todo = [item for item in items if item in pending or (pending and item.key == marker)]
+    if todo:
+        transfer.retract(s3, location.bucket, marker)
     progress_console = Console(stderr=True)
     with Progress(
         TextColumn("uploading"),

@@ -72,7 +72,7 @@ def data_stage(
         )
         items = data.uploads(workdir, manifest, location)
         digest = data.manifest_sha256(workdir)
-        todo = common.upload(s3, items, location, part_size_mib)
+        todo = common.upload(s3, items, location, part_size_mib, marker=location.key(data.MANIFEST))
     tokens = sum(int(s["tokens"]) for s in manifest["shards"])
     common.console().print(
         f"staged {len(manifest['shards'])} shards ({tokens:,} tokens, {origin}) at "

@@ -46,7 +46,13 @@ def model_stage(
     outputs = common.outputs_of(env, region)
     location = models.prefix(outputs.datasets_bucket, name)
     items = models.uploads(model, location)
-    todo = common.upload(aws.client("s3", outputs.region), items, location, part_size_mib)
+    todo = common.upload(
+        aws.client("s3", outputs.region),
+        items,
+        location,
+        part_size_mib,
+        marker=location.key(models.AREA.last_file),
+    )
     skipped = f"; left out {', '.join(model.skipped)}" if model.skipped else ""
     common.console().print(
         f"staged {model.architecture} {name} ({len(items)} files, "
