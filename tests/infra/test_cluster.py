@@ -536,8 +536,14 @@ def test_workspace_refuses_a_stack_that_cannot_run(
     ],
 )
 def test_workspace_accepts_a_stack_that_runs(dev: Synth, overrides: dict[str, Any]) -> None:
+    """Accepted, the workspace's runtime runs on the type it was given, with all its chips."""
     props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
-    TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+    workspace = TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+    (container,) = workspace.pod_spec()["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["TRN_INSTANCE_TYPE"] == overrides["instance_type"]
+    chips = trn_catalog.get(overrides["instance_type"]).chips
+    assert container["resources"]["limits"]["aws.amazon.com/neuron"] == chips
 
 
 def test_job_engine_schema_refuses_bad_jobs() -> None:

@@ -75,24 +75,28 @@ def test_each_stack_names_a_backend() -> None:
 
 # Per-chip dense BF16 TFLOPS and physical NeuronCores per chip, from the Neuron architecture
 # pages (Trainium, Trainium2, Trainium3), written out here rather than read from the catalog.
-CHIP = {"trn1": (190.0, 2), "trn2": (667.0, 8), "trn3": (671.0, 8)}
+TRN1, TRN2, TRN3 = (190.0, 2), (667.0, 8), (671.0, 8)
 
 
 @pytest.mark.parametrize(
-    ("instance_type", "lnc_env", "expected_tflops"),
+    ("instance_type", "lnc_env", "chip", "lnc"),
     [
-        ("trn1.32xlarge", None, 190.0 / 2),  # Trn1: one physical core per rank
-        ("trn1n.32xlarge", None, 190.0 / 2),
-        ("trn2.48xlarge", None, 667.0 * 2 / 8),  # LNC=2 by default: 4 logical cores a chip
-        ("trn2.48xlarge", "1", 667.0 / 8),
-        ("trn2.3xlarge", None, 667.0 * 2 / 8),  # one chip: the same per-rank peak
-        ("trn2u.48xlarge", None, 667.0 * 2 / 8),
-        ("trn3.48xlarge", None, 671.0 * 2 / 8),
-        ("trn3.48xlarge", "1", 671.0 / 8),
+        ("trn1.32xlarge", None, TRN1, 1),  # Trn1: one physical core per rank
+        ("trn1n.32xlarge", None, TRN1, 1),
+        ("trn2.48xlarge", None, TRN2, 2),  # LNC=2 by default: 4 logical cores a chip
+        ("trn2.48xlarge", "1", TRN2, 1),
+        ("trn2.3xlarge", None, TRN2, 2),  # one chip: the same per-rank peak
+        ("trn2u.48xlarge", None, TRN2, 2),
+        ("trn3.48xlarge", None, TRN3, 2),
+        ("trn3.48xlarge", "1", TRN3, 1),
     ],
 )
 def test_a_ranks_peak_is_its_logical_cores_share_of_the_chip(
-    instance_type: str, lnc_env: str | None, expected_tflops: float, monkeypatch: pytest.MonkeyPatch
+    instance_type: str,
+    lnc_env: str | None,
+    chip: tuple[float, int],
+    lnc: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One rank per logical NeuronCore, whatever the number of ranks on the node: the peak of a
     rank is the chip's x the logical core's physical cores / the chip's physical cores."""
@@ -100,11 +104,9 @@ def test_a_ranks_peak_is_its_logical_cores_share_of_the_chip(
         monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
     else:
         monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc_env)
-    tflops, cores = CHIP[instance_type[:4]]
-    lnc = int(lnc_env or (1 if instance_type.startswith("trn1") else 2))
-    assert expected_tflops == pytest.approx(tflops * lnc / cores)
+    tflops, cores = chip
     peak = device.neuron_peak_flops(instance_type, device.logical_nc_config(instance_type))
-    assert peak == pytest.approx(expected_tflops * 1e12, rel=1e-12)
+    assert peak == pytest.approx(tflops * lnc / cores * 1e12, rel=1e-12)
 
 
 def test_the_xla_stack_asks_neuronx_cc_for_bf16_matmuls() -> None:

@@ -232,22 +232,36 @@ def test_bias_fields_count_only_where_transformers_reads_them() -> None:
     assert (qwen3.qkv_bias, qwen3.out_bias) == (True, True)
 
 
-def test_inactive_sliding_windows_are_accepted() -> None:
-    """A window at least as long as the sequence masks nothing; Qwen's applies only with
-    use_sliding_window, and only to the layers layer_types marks as sliding."""
-    mistral = {**BASE, "architectures": ["MistralForCausalLM"]}
-    hf.parse_config({**mistral, "sliding_window": 32}, seq_len=32)
-    hf.parse_config({**mistral, "sliding_window": None}, seq_len=32)
-    qwen = {
-        **BASE,
-        "architectures": ["Qwen2ForCausalLM"],
-        "sliding_window": 16,
-        "num_hidden_layers": 2,
-    }
-    hf.parse_config(qwen, seq_len=32)
-    hf.parse_config({**qwen, "use_sliding_window": True, "max_window_layers": 28}, seq_len=32)
-    layer_types = ["full_attention", "full_attention"]
-    hf.parse_config({**qwen, "use_sliding_window": True, "layer_types": layer_types}, seq_len=32)
+_MISTRAL = {**BASE, "architectures": ["MistralForCausalLM"]}
+_QWEN2 = {**BASE, "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2}
+_QWEN_WINDOW = {"sliding_window": 16, "use_sliding_window": True}
+
+
+@pytest.mark.parametrize(
+    ("plain", "inactive", "active"),
+    [
+        # A window at least as long as the sequence masks nothing; one shorter does.
+        (_MISTRAL, {"sliding_window": 32}, {"sliding_window": 31}),
+        (_MISTRAL, {"sliding_window": None}, {"sliding_window": 16}),
+        # Qwen's window applies only with use_sliding_window...
+        (_QWEN2, {"sliding_window": 16}, _QWEN_WINDOW | {"max_window_layers": 1}),
+        # ...and only to layers from max_window_layers on, or those layer_types marks sliding.
+        (_QWEN2, _QWEN_WINDOW | {"max_window_layers": 28}, _QWEN_WINDOW | {"max_window_layers": 1}),
+        (
+            _QWEN2,
+            _QWEN_WINDOW | {"layer_types": ["full_attention", "full_attention"]},
+            _QWEN_WINDOW | {"layer_types": ["full_attention", "sliding_attention"]},
+        ),
+    ],
+)
+def test_inactive_sliding_windows_are_accepted(
+    plain: dict[str, Any], inactive: dict[str, Any], active: dict[str, Any]
+) -> None:
+    """An inactive window parses to the very model of the config without it; its active twin
+    is refused."""
+    assert hf.parse_config({**plain, **inactive}, seq_len=32) == hf.parse_config(plain, seq_len=32)
+    with pytest.raises(hf.HFConfigError, match=r"sliding_window \d+ is active for seq_len 32"):
+        hf.parse_config({**plain, **active}, seq_len=32)
 
 
 def test_seq_len_beyond_max_positions_and_missing_files_are_named(tmp_path: Path) -> None:

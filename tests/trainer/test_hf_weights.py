@@ -4,7 +4,9 @@ against transformers itself, and every weights error."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import hf_tiny
@@ -175,11 +177,28 @@ def test_old_rope_buffers_and_a_tied_head_copy_are_ignored(tmp_path: Path) -> No
 
 
 def test_fingerprint_tells_models_apart_and_is_stable(tmp_path: Path) -> None:
+    """The same model saved twice, or copied elsewhere with new times, keeps its fingerprint (a
+    resumed run finds its base wherever the directory lives); another seed, another config or
+    one changed weight byte changes it."""
     a = hf_tiny.model_dir(tmp_path, seed=0)
-    b = hf_tiny.model_dir(tmp_path, seed=1)
-    assert hf.fingerprint(a) == hf.fingerprint(a)
-    assert hf.fingerprint(a) != hf.fingerprint(b)
-    assert len(hf.fingerprint(a)) == 64
+    fingerprint = hf.fingerprint(a)
+    assert re.fullmatch(r"[0-9a-f]{64}", fingerprint)
+    assert hf.fingerprint(hf_tiny.model_dir(tmp_path, seed=0)) == fingerprint
+    moved = shutil.copytree(a, tmp_path / "elsewhere" / "model")
+    for path in moved.iterdir():
+        os.utime(path, (0, 0))
+    assert hf.fingerprint(moved) == fingerprint
+
+    assert hf.fingerprint(hf_tiny.model_dir(tmp_path, seed=1)) != fingerprint
+    config = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").write_text(json.dumps(config | {"rms_norm_eps": 1e-5}))
+    assert hf.fingerprint(moved) != fingerprint
+    shutil.copy(a / "config.json", moved / "config.json")
+    weights = moved / hf.SINGLE
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    assert hf.fingerprint(moved) != fingerprint
 
 
 def test_carried_files_are_the_config_and_tokenizer(tmp_path: Path) -> None:

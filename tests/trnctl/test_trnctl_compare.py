@@ -410,3 +410,37 @@ def test_no_steady_interval_leaves_throughput_and_costs_unknown() -> None:
     assert compare.steady_tokens_per_s(run, warmup_steps=1) == 50.0
     rate = compare.Rate(10.0, "given")
     assert compare.cost_per_million_tokens(rate, 1, None) is None
+
+
+def _multi_node_run(path: Path, nodes: int, tokens_per_s: float, ends_at: float) -> Path:
+    """Metrics of a run on ``nodes`` trn2.48xlarge: three records at the same whole-job
+    throughput, the last at ``ends_at`` seconds."""
+    header = HEADER | {"instance_type": "trn2.48xlarge", "nodes": nodes, "world_size": 64 * nodes}
+    records = [
+        {"step": step, "loss": 1.0, "tokens": step * 100_000, "tokens_per_s": tokens_per_s}
+        | {"elapsed_s": ends_at * share}
+        for step, share in ((1, 1 / 6), (2, 1 / 2), (3, 1.0))
+    ]
+    path.write_text(_lines(header, *records))
+    return path
+
+
+def test_costs_of_multi_node_runs_count_every_node(trnctl: Any, tmp_path: Path) -> None:
+    """At $36 per instance-hour: 2 nodes at 100,000 tokens/s for an hour cost $0.02 a second,
+    $0.20 per 1M tokens and $72 for the run, $36 to their 200,000th token (half an hour in);
+    4 nodes at 400,000 tokens/s for half an hour cost $0.04 a second, $0.10 per 1M tokens,
+    $72 for the run and $36 to the same token (a quarter of an hour in)."""
+    two = _multi_node_run(tmp_path / "two.jsonl", nodes=2, tokens_per_s=100_000, ends_at=3600)
+    four = _multi_node_run(tmp_path / "four.jsonl", nodes=4, tokens_per_s=400_000, ends_at=1800)
+
+    run = trnctl(
+        "compare", str(two), str(four), "--price", "trn2.48xlarge=36", "--to-tokens", "200000"
+    )
+
+    assert run.exit_code == 0, run.stderr
+    table = _table(run.stdout)
+    assert table["instance"] == ["2 x trn2.48xlarge", "4 x trn2.48xlarge"]
+    assert table["steady tokens/s"] == ["100,000.0", "400,000.0"]
+    assert table["On-Demand $ per 1M tokens"] == ["$0.2", "$0.1"]
+    assert table["On-Demand $ for the run"] == ["$72", "$72"]
+    assert table["On-Demand $ to 200,000 tokens"] == ["$36", "$36"]

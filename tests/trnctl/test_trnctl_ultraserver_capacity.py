@@ -80,6 +80,38 @@ def test_find_passes_the_ultraserver_parameters_and_shows_them(
     ec2.assert_no_pending_responses()
 
 
+def test_an_offering_without_instance_type_and_count_takes_them_from_the_ultraserver(
+    trnctl: Any, clients: Any, stub: Any
+) -> None:
+    """EC2's CapacityBlockOffering has InstanceType and InstanceCount as optional members; an
+    UltraServer offering without them is 2 x u-trn2x64 = 8 x trn2u.48xlarge (the catalog), and
+    its 19200 USD over 48 hours is 50.00 per instance-hour, not per UltraServer-hour."""
+    bare = {
+        k: v
+        for k, v in ultra_offering("cb-0aaaaaaaaaaaaaaaa", "19200.00", servers=2).items()
+        if k not in ("InstanceType", "InstanceCount")
+    }
+    ec2 = stub(clients("ec2"))
+    ec2.add_response(
+        "describe_capacity_block_offerings",
+        {"CapacityBlockOfferings": [bare]},
+        {"UltraserverType": "u-trn2x64", "UltraserverCount": 2, "CapacityDurationHours": 48},
+    )
+
+    run = trnctl(
+        "capacity", "find", "--ultraserver-type", "u-trn2x64", "--ultraserver-count", "2",
+        "--days", "2",
+    )  # fmt: skip
+
+    assert run.exit_code == 0, run.stderr
+    (row,) = [line for line in run.stdout.splitlines() if "│ cb-" in line]
+    cells = [cell.strip() for cell in row.split("│")]
+    assert "8 x trn2u.48xlarge" in cells and "50.00 USD" in cells
+    offering = capacity.Offering.from_api(bare)
+    assert (offering.instance_type, offering.instance_count) == ("trn2u.48xlarge", 8)
+    ec2.assert_no_pending_responses()
+
+
 def test_no_offerings_says_the_type_name_is_unverified_at_ec2(
     trnctl: Any, clients: Any, stub: Any
 ) -> None:
