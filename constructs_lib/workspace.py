@@ -20,8 +20,8 @@ from constructs_lib._eks import (
     install_addon,
 )
 from constructs_lib._props import props_from
+from trn_catalog import allocatable, neuron_stacks, versions
 from trn_catalog import devices as device_modes
-from trn_catalog import neuron_stacks, versions
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
@@ -41,6 +41,19 @@ from trn_catalog.workspace import (
 
 # The EFA driver pre-allocates 5128 x 2 MiB huge pages; each EFA pod asks for them (EFA docs).
 EFA_HUGEPAGES = "5120Mi"
+# The one capability the training container keeps. EFA registers (pins) the memory it sends from
+# and receives into, and the kernel caps a process's pinned memory at RLIMIT_MEMLOCK unless it
+# has CAP_IPC_LOCK (Linux drivers/infiniband/core/umem.c, ib_umem_get); libfabric's EFA provider
+# asks for an unlimited locked-memory limit (ofiwg/libfabric prov/efa/docs/overview.md), Neuron's
+# containers run with --cap-add IPC_LOCK (aws-neuron-sdk deploy/environments/
+# quickstart-deploy-dlc.rst, setup/pytorch/update-dlc.rst) and its multi-node AWS Batch training
+# job with memlock unlimited (aws-neuron-samples torch-neuronx/training/aws-batch/llama2/
+# templates/job_def.json). A pod cannot set an rlimit; the capability lifts the cap. The same
+# Docker runs add SYS_ADMIN, left out here: Neuron's own Kubernetes pods (deploy/eks/training.rst,
+# deploy/files/specs/all-devices.yaml) add no capability, and the device plugins' and DRA
+# drivers' device nodes reach the container without one. NCCL over EFA on the GPU group pins its
+# buffers the same way.
+TRAINING_CAPABILITIES = ("IPC_LOCK",)
 # Seconds between SIGTERM and SIGKILL: time for the trainer to write its last checkpoint.
 GRACE_SECONDS = 300
 # The part of the grace period torchrun gives its workers (TRN_SHUTDOWN_TIMEOUT_S) leaves this
@@ -124,7 +137,10 @@ class TrainingWorkspace(Construct):
 
     It also writes the Kubeflow Trainer ``TrainingRuntime`` ``neuron-torch`` that TrainJobs
     reference: one pod per trn node asking for all of its Neuron devices and EFA interfaces (from
-    the instance catalog) and the EFA huge pages, tolerating the Neuron taint, with FSx at
+    the instance catalog), the EFA huge pages and CPU and memory that fit the node's allocatable
+    (:mod:`trn_catalog.allocatable`), running under the container runtime's default seccomp
+    profile without privilege escalation and with every capability dropped but ``IPC_LOCK``
+    (:data:`TRAINING_CAPABILITIES`: EFA pins its buffers), tolerating the Neuron taint, with FSx at
     ``/fsx``, the datasets bucket at ``/datasets`` and the compile cache, with the torch policy
     (Kubeflow hands torchrun its rendezvous; the ranks per node, one per logical NeuronCore,
     come from each TrainJob and the image's launcher). The container's environment carries the
@@ -160,7 +176,8 @@ class TrainingWorkspace(Construct):
             cannot run on the instance type (native on trn1), a ``gpu_instance_type`` outside
             the GPU catalog, one without ``gpu_image_uri``, gpu_nodes below 1, ``devices``
             neither ``plugin`` nor ``dra``, ``dra`` on a type the Neuron DRA driver does not
-            serve (trn1), or an ``lnc`` with ``dra`` or on a type without the setting.
+            serve (trn1), an ``lnc`` with ``dra`` or on a type without the setting, or a type
+            whose training pod would not fit its node's allocatable CPU and memory.
     """
 
     def __init__(
@@ -363,7 +380,7 @@ class TrainingWorkspace(Construct):
         (default: the type's default LNC)."""
         props, spec = self.props, self.spec
         dra = props.devices == "dra"
-        node = _node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus)
+        node = training_pod_resources(spec)
         if dra:
             node.pop("vpc.amazonaws.com/efa")
             resources = node
@@ -406,7 +423,7 @@ class TrainingWorkspace(Construct):
             raise ValueError("gpu_instance_type is not set: this workspace has no GPU runtime")
         resources = {
             GPU_RESOURCE: spec.gpus,
-            **_node_resources(spec.efa_interfaces, spec.memory_gib, spec.vcpus),
+            **training_pod_resources(spec),
         }
         # aws-ofi-nccl runs NCCL over libfabric's EFA provider. Its docs (doc/efa-env-var.md,
         # v1.21.1): FI_PROVIDER=efa "use for aws-ofi-nccl<=1.5.0"; FI_EFA_USE_DEVICE_RDMA=1 not
@@ -437,12 +454,14 @@ class TrainingWorkspace(Construct):
         return {
             "serviceAccountName": self.props.service_account,
             "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "nodeSelector": node_selector,
             "tolerations": [toleration],
             "containers": [
                 {
                     "name": TRAINER_CONTAINER,
                     "image": image,
+                    "securityContext": container_security_context(),
                     "env": [
                         *env,
                         {
@@ -469,14 +488,40 @@ class TrainingWorkspace(Construct):
         }
 
 
-def _node_resources(efa_interfaces: int, memory_gib: int, vcpus: int) -> dict[str, Any]:
-    """EFA, its huge pages, and the node's memory and CPUs less room for the kubelet, system
-    daemons and the host's page cache."""
+def container_security_context() -> dict[str, Any]:
+    """The training container's: no privilege escalation, every capability dropped but
+    :data:`TRAINING_CAPABILITIES`; the pod adds the container runtime's seccomp profile."""
     return {
-        "vpc.amazonaws.com/efa": efa_interfaces,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": list(TRAINING_CAPABILITIES)},
+    }
+
+
+def training_pod_resources(
+    spec: trn_catalog.InstanceSpec | trn_catalog.GpuInstanceSpec,
+) -> dict[str, Any]:
+    """The training pod's requests (and limits) on a node of ``spec``: its EFA interfaces and
+    their huge pages, three quarters of its memory and all but 8 of its CPUs (half of them on a
+    small type), leaving room for the kubelet, the node's agents and the host's page cache.
+
+    Raises:
+        ValueError: the requests do not fit what a node of the type leaves the training pod
+            (:func:`trn_catalog.allocatable.for_the_training_pod`): the pod would stay Pending.
+    """
+    memory_gib = spec.memory_gib * 3 // 4
+    cpus = spec.vcpus - 8 if spec.vcpus > 16 else spec.vcpus // 2
+    room = allocatable.for_the_training_pod(spec)
+    if cpus * 1000 > room.millicpu or memory_gib * allocatable.MIB_PER_GIB > room.memory_mib:
+        raise ValueError(
+            f"instance type {spec.name}: the training pod's requests ({cpus} CPUs, "
+            f"{memory_gib}Gi) exceed what a node leaves it ({room.millicpu}m CPU, "
+            f"{room.memory_mib}Mi): it would never be scheduled"
+        )
+    return {
+        "vpc.amazonaws.com/efa": spec.efa_interfaces,
         "hugepages-2Mi": EFA_HUGEPAGES,
-        "memory": f"{memory_gib * 3 // 4}Gi",
-        "cpu": str(vcpus - 8 if vcpus > 16 else vcpus // 2),
+        "memory": f"{memory_gib}Gi",
+        "cpu": str(cpus),
     }
 
 

@@ -301,6 +301,8 @@ def test_the_node_monitoring_agents_gpu_checks_reach_the_gpu_nodes(
     tolerations = configuration["dcgmAgent"]["tolerations"]
     gpu_taint = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
     assert [t for t in [*TAINTS, gpu_taint] if not tolerates(tolerations, t)] == []
+    # Nor does the chart request resources for it: the configuration does.
+    assert set(configuration["dcgmAgent"]["resources"]["requests"]) == {"cpu", "memory"}
 
 
 def test_efa_plugin_allowlist_has_trn3(dev: Synth) -> None:
@@ -418,8 +420,12 @@ def runtime_pod(synth: Synth) -> dict[str, Any]:
 
 
 def test_runtime_pod_is_a_valid_pod(dev: Synth) -> None:
+    """Valid for Kubernetes 1.35, strictly: the same check refuses it with a field misspelled."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": runtime_pod(dev)}
     kubernetes_validate.validate(pod, "1.35.0", strict=True)
+    pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalaton"] = False
+    with pytest.raises(kubernetes_validate.ValidationError, match="allowPrivilegeEscalaton"):
+        kubernetes_validate.validate(pod, "1.35.0", strict=True)
 
 
 @pytest.mark.parametrize(("variant", "lnc"), [("dev", "2"), ("odcr", None)])
