@@ -30,6 +30,17 @@ TOLERATE_ALL = {"operator": "Exists"}
 KUBE_SCHEDULER_IMAGE = "public.ecr.aws/eks-distro/kubernetes/kube-scheduler"
 NPD_NAMESPACE = "neuron-healthcheck-system"
 NPD_SERVICE_ACCOUNT = "node-problem-detector"
+# Requests for the pods whose pinned chart states none, so that the scheduler counts them
+# (each chart's values.yaml at its pin: `resources: {}`). Device plugins: 10m and 64Mi, between
+# the EFA device plugin chart's 10m and 20Mi (v0.5.30) and the Neuron DRA driver's 10m and 128Mi
+# (neuron-helm-chart 1.9.0). Kubeflow Trainer's manager: the 100m and 300Mi its values.yaml
+# (2.3.0) suggests in a comment. The Neuron chart's second scheduler keeps its chart's 0.1 CPU
+# and gets memory for a kube-scheduler's informers. The charts' other pods come with requests:
+# the node problem detector and node recovery (10m/80Mi, 10m/150Mi), the DRA driver, the EFA
+# device plugin, aws-dranet (100m/50Mi) and JobSet's controller (500m/128Mi, chart 0.12.0).
+DEVICE_PLUGIN_REQUESTS = {"requests": {"cpu": "10m", "memory": "64Mi"}}
+TRAINER_MANAGER_REQUESTS = {"requests": {"cpu": "100m", "memory": "300Mi"}}
+SECOND_SCHEDULER_REQUESTS = {"requests": {"cpu": "0.1", "memory": "128Mi"}}
 
 
 @dataclass(frozen=True)
@@ -245,15 +256,21 @@ def neuron_values(
         scheduler = {
             "enabled": True,
             **selector,
+            "resources": _copy(DEVICE_PLUGIN_REQUESTS),
             "customScheduler": {
                 "enabled": True,
                 "image": {"repository": KUBE_SCHEDULER_IMAGE, "tag": scheduler_tag},
+                "resources": _copy(SECOND_SCHEDULER_REQUESTS),
                 **selector,
             },
         }
     return {
         "neuronInstances": sorted(trn_catalog.CATALOG),
-        "devicePlugin": {"enabled": True, "tolerations": [TOLERATE_ALL]},
+        "devicePlugin": {
+            "enabled": True,
+            "tolerations": [TOLERATE_ALL],
+            "resources": _copy(DEVICE_PLUGIN_REQUESTS),
+        },
         "scheduler": scheduler,
         "npd": _npd_values(),
         "draDriver": {"enabled": False},
@@ -378,6 +395,7 @@ def nvidia_device_plugin_values() -> dict[str, Any]:
         },
         "nodeSelector": {NODE_TYPE_LABEL: GPU_NODE_TYPE},
         "tolerations": [TOLERATE_ALL],
+        "resources": _copy(DEVICE_PLUGIN_REQUESTS),
     }
 
 
@@ -388,12 +406,18 @@ def trainer_values(node_selector: Mapping[str, str] = SYSTEM_LABEL) -> dict[str,
     # ClusterTrainingRuntimes (CUDA images) come with a post-install hook Job that pulls alpine
     # from Docker Hub and installs kubectl at run time, a failure point of the atomic install
     # for runtimes nothing here uses; LeaderWorkerSet serves only the data cache, which is off.
+    selector = {"nodeSelector": dict(node_selector)} if node_selector else {}
     return {
         "crds": {"enabled": True},
         "runtimes": {"defaultEnabled": False, "torchDistributed": {"enabled": False}},
         "dataCache": {"enabled": False, "lws": {"install": False}},
-        **({"manager": {"nodeSelector": dict(node_selector)}} if node_selector else {}),
+        "manager": {**selector, "resources": _copy(TRAINER_MANAGER_REQUESTS)},
     }
+
+
+def _copy(requests: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """A fresh copy of ``requests``: each chart's values are their own objects."""
+    return {key: dict(value) for key, value in requests.items()}
 
 
 def node_recovery_statements(cluster_name: str) -> list[iam.PolicyStatement]:

@@ -5,6 +5,10 @@ tests, so a key that the pinned chart does not read, or reads as another type, f
 deploy rather than being ignored by Helm. Each list names the chart version and the file it was
 read from; bump it together with the pin in :mod:`trn_catalog.versions`. Standard library only.
 
+Each list also names the chart's pods (:class:`ChartPod`): where their ``resources`` value is,
+what turns them on, and what the chart requests for them by default, so that a test finds any
+pod the platform starts without CPU and memory requests.
+
 Kinds: ``MAP`` a map of chart keys; ``FREE`` a map whose contents are free (Kubernetes objects
 such as ``affinity`` or ``resources``, labels, selectors); ``LIST`` a list, which Helm replaces
 whole; ``STRING``, ``BOOL``, ``NUMBER`` scalars; ``ANY`` a key whose default is null.
@@ -35,19 +39,57 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+REQUESTED = ("cpu", "memory")
+
+
+@dataclass(frozen=True)
+class ChartPod:
+    """One workload a chart starts: the dotted path of its ``resources`` value, the switches
+    that must all be on for it to run with each one's default, and what its chart requests for
+    it by default (of :data:`REQUESTED`)."""
+
+    resources: str
+    switches: tuple[tuple[str, bool], ...] = ()
+    default_requests: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class ChartValues:
-    """The value keys of one chart version: dotted path -> kind."""
+    """The value keys of one chart version: dotted path -> kind; and its pods (``pods``)."""
 
     chart: str
     version: str
     source: str
     keys: Mapping[str, str]
+    pods: tuple[ChartPod, ...] = ()
 
     def problems(self, values: Mapping[str, Any]) -> list[str]:
         """Keys of ``values`` this chart version does not have, or has as another kind, as
         ``path: reason`` lines (empty when every key is the chart's own)."""
         return _problems(self, values, "")
+
+    def unrequested(self, values: Mapping[str, Any]) -> list[str]:
+        """The pods that ``values`` turns on and that would run without a CPU or memory request
+        (neither the chart's default nor ``values`` gives one; Helm merges the two maps), as
+        ``path: no ... request`` lines."""
+        found = []
+        for pod in self.pods:
+            if not all(_at(values, path, default) for path, default in pod.switches):
+                continue
+            given = _at(values, pod.resources, {}).get("requests", {})
+            missing = [r for r in REQUESTED if r not in given and r not in pod.default_requests]
+            if missing:
+                found.append(f"{pod.resources}: no {' or '.join(missing)} request")
+        return found
+
+
+def _at(values: Mapping[str, Any], path: str, default: Any) -> Any:
+    node: Any = values
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def _problems(chart: ChartValues, values: Mapping[str, Any], prefix: str) -> list[str]:
@@ -250,6 +292,25 @@ NEURON = ChartValues(
         "npd.nodeRecovery.counters": LIST,
         "npd.nodeRecovery.extraEnvs": LIST,
     },
+    pods=(
+        ChartPod("devicePlugin.resources", (("devicePlugin.enabled", True),)),
+        ChartPod("scheduler.resources", (("scheduler.enabled", False),)),
+        ChartPod(
+            "scheduler.customScheduler.resources",
+            (("scheduler.enabled", False), ("scheduler.customScheduler.enabled", True)),
+            ("cpu",),
+        ),
+        ChartPod("draDriver.resources", (("draDriver.enabled", False),), REQUESTED),
+        ChartPod("npd.nodeProblemDetector.resources", (("npd.enabled", True),), REQUESTED),
+        ChartPod(
+            "npd.nodeRecovery.resources",
+            (("npd.enabled", True), ("npd.nodeRecovery.enabled", False)),
+            REQUESTED,
+        ),
+        ChartPod(
+            "ultraserverOperator.resources", (("ultraserverOperator.enabled", False),), REQUESTED
+        ),
+    ),
 )
 
 # aws/eks-charts at commit bfe91c4b (Chart.yaml version v0.5.30, image v0.5.20).
@@ -278,6 +339,7 @@ EFA = ChartValues(
         "fullnameOverride": STRING,
         "imagePullSecrets": LIST,
     },
+    pods=(ChartPod("resources", (), REQUESTED),),
 )
 
 # kubeflow/trainer at tag v2.3.0. `jobset` and `lws` are subcharts: only the keys this
@@ -411,6 +473,14 @@ TRAINER = ChartValues(
         "runtimes.torchtuneDistributed.qwen2_5_1_5B": MAP,
         "runtimes.torchtuneDistributed.qwen2_5_1_5B.enabled": BOOL,
     },
+    # The manager; JobSet's controller (subchart jobset 0.12.0, charts/jobset/values.yaml:
+    # controller.resources requests 500m and 128Mi). The runtime installer and cleanup Jobs
+    # render only with a built-in runtime on (templates/runtimes/_runtimes.tpl), LeaderWorkerSet
+    # only with the data cache.
+    pods=(
+        ChartPod("manager.resources"),
+        ChartPod("jobset.controller.resources", (("jobset.install", True),), REQUESTED),
+    ),
 )
 
 # NVIDIA/k8s-device-plugin at tag v0.20.0. `nfd` is a subchart (node-feature-discovery, off
@@ -475,6 +545,9 @@ NVIDIA_DEVICE_PLUGIN = ChartValues(
         "cdi.nvidiaHookPath": ANY,
         "cdi.featureFlags": ANY,
     },
+    # The device plugin and its MPS control daemon (only on nodes labelled mps.capable) both
+    # take `resources` (templates/daemonset-*.yml); gpu-feature-discovery is off.
+    pods=(ChartPod("resources", (("devicePlugin.enabled", True),)),),
 )
 
 # aws/eks-charts at commit c043cef4 (Chart.yaml version 1.0.0, appVersion v1.2.0-eksbuild.2),
@@ -515,6 +588,7 @@ DRANET = ChartValues(
         "verbosity": NUMBER,
         "filter": STRING,
     },
+    pods=(ChartPod("resources", (), REQUESTED),),
 )
 
 # By chart name, as ChartPin.chart names them.

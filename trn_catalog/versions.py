@@ -88,7 +88,15 @@ ADDONS: tuple[AddonPin, ...] = (
         # `operator: Exists` but its DCGM DaemonSet, which the agent's GPU checks talk to on
         # each NVIDIA node, no tolerations: it would never start on the GPU group's tainted
         # nodes. The add-on's configuration schema (charts/configuration.schema.json) takes it.
-        {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}},
+        # Nor does the chart request CPU or memory for that DaemonSet (`resources: {}`; the
+        # schema's dcgmAgent.resources takes requests of cpu and memory): 250m and 128Mi, what
+        # amazon-cloudwatch-observability's chart (5.4.0) requests for its DCGM exporter.
+        {
+            "dcgmAgent": {
+                "tolerations": [{"operator": "Exists"}],
+                "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}},
+            }
+        },
     ),
 )
 

@@ -1,5 +1,6 @@
 """Every value the platform sets for the Neuron, EFA and Trainer charts is a key of that chart
-version's own values file (the key lists in trn_catalog.chart_values), in every variant."""
+version's own values file (the key lists in trn_catalog.chart_values), and every pod those
+charts start asks for CPU and memory, in every variant."""
 
 from __future__ import annotations
 
@@ -30,6 +31,33 @@ def test_every_chart_value_is_a_key_of_the_pinned_chart(
         known = chart_values.CHARTS[chart]
         assert version == known.version, chart
         assert known.problems(values) == [], chart
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_pod_a_chart_starts_asks_for_cpu_and_memory(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    """Where the pinned chart states no request (the Neuron device plugin, Kubeflow Trainer's
+    manager, the NVIDIA device plugin), the platform's values give one."""
+    for chart, _, values in helm_values(synth_variant(variant).templates):
+        assert chart_values.CHARTS[chart].unrequested(values) == [], chart
+
+
+def test_a_pod_left_without_requests_is_named() -> None:
+    values = neuron_values("v1.35.2-eks-1-35-7")
+    del values["devicePlugin"]["resources"]
+    values["scheduler"]["customScheduler"]["resources"] = {}  # the chart's own 0.1 CPU stays
+
+    assert chart_values.NEURON.unrequested(values) == [
+        "devicePlugin.resources: no cpu or memory request",
+        "scheduler.customScheduler.resources: no memory request",
+    ]
+    # Off, a pod needs none; with node recovery on, the chart's own requests count.
+    values["devicePlugin"]["enabled"] = False
+    values["npd"]["nodeRecovery"] = {"enabled": True}
+    assert chart_values.NEURON.unrequested(values) == [
+        "scheduler.customScheduler.resources: no memory request"
+    ]
 
 
 def stale_value_lists(pins: tuple[versions.ChartPin, ...]) -> list[str]:

@@ -131,7 +131,7 @@ def test_your_cluster_our_node_group_gets_the_device_plugins() -> None:
     assert "trn2.48xlarge" in efa["supportedInstanceLabels"]["values"]
     # Their nodes carry no label of ours: nothing is pinned to a system node group.
     trainer = json.loads(installed[versions.TRAINER_CHART.release]["Values"])
-    assert "manager" not in trainer
+    assert "nodeSelector" not in trainer["manager"]
     # Node recovery's role reaches the node problem detector through Pod Identity.
     (association,) = [
         r["Properties"]
@@ -160,7 +160,7 @@ def test_system_node_labels_place_the_job_engine() -> None:
     NeuronPlugins(stack, "Plugins", cluster=cluster, system_node_labels={"role": "system"})
     installed = charts(Template.from_stack(stack).to_json())
     trainer = json.loads(installed[versions.TRAINER_CHART.release]["Values"])
-    assert trainer["manager"] == {"nodeSelector": {"role": "system"}}
+    assert trainer["manager"]["nodeSelector"] == {"role": "system"}
 
 
 def test_a_cluster_without_kubectl_provider_is_refused_naming_the_prop() -> None:

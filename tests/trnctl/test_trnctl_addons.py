@@ -28,7 +28,14 @@ NODE_SCHEMA = {
         "dcgmAgent": {
             "type": "object",
             "additionalProperties": False,
-            "properties": {"tolerations": {"type": "array", "items": {"type": "object"}}},
+            "properties": {
+                "tolerations": {"type": "array", "items": {"type": "object"}},
+                "resources": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"requests": {"type": "object"}, "limits": {"type": "object"}},
+                },
+            },
         },
     },
 }
