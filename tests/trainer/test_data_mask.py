@@ -143,9 +143,9 @@ def test_a_masked_manifest_without_a_mask_entry_is_refused(tmp_path: Path) -> No
 def test_an_unknown_manifest_version_is_refused(tmp_path: Path) -> None:
     root = _masked_dataset(tmp_path, np.arange(50), np.ones(50, dtype=np.uint8), eval_fraction=0)
     manifest = json.loads((root / "manifest.json").read_text())
-    manifest["format_version"] = 3
+    manifest["format_version"] = 4
     (root / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(data.ShardError, match=r"format_version 3 is unknown; this trainer reads"):
+    with pytest.raises(data.ShardError, match=r"format_version 4 is unknown; this trainer reads"):
         data.open_dataset(root)
 
 

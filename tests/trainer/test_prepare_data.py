@@ -63,7 +63,7 @@ def test_chat_dataset_carries_masks_eval_split_and_tokenizer_identity(tmp_path: 
     manifest = tokenizing.prepare(
         tmp_path / "out", tok_dir, chat, "chat", eval_fraction=0.1, shard_tokens=64
     )
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == data.EXAMPLES_VERSION
     assert manifest["tokenizer"] == "hf:tok"
     assert (
         manifest["tokenizer_sha256"] == tokenizing.HfTokenizer(tok_dir).identity["tokenizer_sha256"]
@@ -71,12 +71,17 @@ def test_chat_dataset_carries_masks_eval_split_and_tokenizer_identity(tmp_path: 
     assert manifest["vocab_size"] == len(tiny_tokenizer.VOCAB)
     assert manifest["eos_token_id"] == tiny_tokenizer.VOCAB["</s>"]
     assert manifest["masked"] is True
-    # 10 conversations of 20 tokens; the last ceil(10%) = 20 tokens held out: the last one.
-    assert [s["tokens"] for s in manifest["shards"]] == [64, 64, 52]  # type: ignore[index]
+    # 10 conversations of 20 tokens, ceil(10%) = 1 held out; whole examples, at most 64 tokens
+    # a shard: three conversations each.
+    assert manifest["examples"] == {"train": 9, "eval": 1}
+    assert [s["tokens"] for s in manifest["shards"]] == [60, 60, 60]  # type: ignore[index]
+    assert [s["index"]["examples"] for s in manifest["shards"]] == [3, 3, 3]  # type: ignore[index]
     assert [s["tokens"] for s in manifest["eval_shards"]] == [20]  # type: ignore[index]
 
     dataset = data.open_dataset(tmp_path / "out")
     assert dataset.masks is not None and dataset.eval_split is not None
+    assert dataset.num_examples == 9 and dataset.eval_split.num_examples == 1
+    assert [np.asarray(i).tolist() for i in dataset.index or ()] == [[0, 20, 40, 60]] * 3
     stream = np.concatenate([np.asarray(s) for s in dataset.shards])
     masks = np.concatenate([np.asarray(m) for m in dataset.masks])
     assert stream.tolist() == ids(RENDERED) * 9
@@ -87,6 +92,7 @@ def test_chat_dataset_carries_masks_eval_split_and_tokenizer_identity(tmp_path: 
     # Every file the manifest names, with its hash, for whatever uploads the directory.
     names = {name for name, _ in data.dataset_files(manifest)}
     assert names == {p.name for p in (tmp_path / "out").iterdir()} - {"manifest.json"}
+    assert any(name.endswith(".idx") for name in names)
 
 
 def test_prepare_is_deterministic(tmp_path: Path) -> None:
@@ -116,7 +122,7 @@ def test_text_is_one_document_split_at_the_tail(tmp_path: Path) -> None:
     words = "the cat sat on a mat and the dog ran far away and back " * 10
     (tmp_path / "t.txt").write_text(words)
     manifest = tokenizing.prepare(
-        tmp_path / "out", tok_dir, tmp_path / "t.txt", "text", eval_fraction=0.05
+        tmp_path / "out", tok_dir, tmp_path / "t.txt", "text", eval_fraction=0.05, seq_len=6
     )
     total = len(words.split()) + 1
     held_out = math.ceil(0.05 * total)
@@ -134,9 +140,12 @@ def test_cli_prepares_chat_and_says_what_it_wrote(
     chat = _write_lines(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}] * 4)
     out = tmp_path / "out"
     argv = ["prepare-data", "--tokenizer", str(tok_dir), "--input", str(chat)]
-    assert main([*argv, "--format", "chat", "--eval-fraction", "0.25", "--out", str(out)]) == 0
+    argv += ["--format", "chat", "--eval-fraction", "0.25", "--seq-len", "16"]
+    assert main([*argv, "--out", str(out)]) == 0
+    # 4 conversations of 20 tokens, each cut after its first reply (token 12) at seq_len 16.
     assert capsys.readouterr().out.strip() == (
-        f"wrote 1 shards, 60 tokens, to {out}; held out 20 tokens for eval"
+        f"wrote 1 shards, 3 examples (60 tokens), to {out}; held out 1 examples (20 tokens) "
+        "for eval; at seq_len 16: 3 cut and 0 dropped of train, 1 cut and 0 dropped of eval"
     )
     assert data.open_dataset(out).masks is not None
 
@@ -267,3 +276,102 @@ def test_the_held_out_split_falls_between_documents(tmp_path: Path) -> None:
     assert data.split_point([300], 0.5) == 150
     assert data.split_point([1000, 10], 0.5) == 1000
     assert data.split_point([5, 5], 0) == 10
+
+
+def _chat(*replies: str, system: str = "be brief") -> dict[str, object]:
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    for reply in replies:
+        messages += [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
+    return {"messages": messages}
+
+
+def test_prepare_reports_the_examples_cut_and_dropped_at_the_sequence_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At seq_len 16 a conversation of two replies (19 tokens) keeps its first turn (11), one
+    whose first reply ends past 16 is dropped, one that fits is kept whole; the counts come
+    back in the manifest and the summary line."""
+    rows = [_chat("bye now", "good night"), _chat("a " * 12), _chat("thanks")] * 2
+    chat = _write_lines(tmp_path / "chat.jsonl", [*rows, _chat("thanks", "you are welcome")])
+    argv = ["prepare-data", "--tokenizer", str(tiny_tokenizer.build(tmp_path / "tok"))]
+    argv += ["--input", str(chat), "--format", "chat", "--seq-len", "16"]
+    assert main([*argv, "--eval-fraction", "0", "--out", str(tmp_path / "out")]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["cut_at_seq_len"] == {
+        "seq_len": 16,
+        "train": {"examples": 7, "cut": 3, "dropped": 2},
+        "eval": {"examples": 0, "cut": 0, "dropped": 0},
+    }
+    assert capsys.readouterr().out.strip().endswith("at seq_len 16: 3 cut and 2 dropped of train")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "lines", "held_out", "message"),
+    [
+        # The held-out conversation's first reply ends past seq_len 16.
+        ("chat", [_chat("hi")] * 3, [_chat("a " * 12)], r"no eval example fits a row of"),
+        ("chat", [_chat("a " * 12)] * 3, None, r"no train example fits a row of --seq-len 16"),
+        ("text", None, None, r"the held-out split has \d+ tokens .* fewer than a window of"),
+    ],
+)
+def test_a_split_too_small_for_a_row_is_refused_by_prepare_data(
+    tmp_path: Path,
+    fmt: str,
+    lines: list[object] | None,
+    held_out: list[object] | None,
+    message: str,
+) -> None:
+    tok_dir = tiny_tokenizer.build(tmp_path / "tok")
+    source = tmp_path / "in"
+    if lines is None:
+        source.write_text("the cat sat on a mat " * 5)
+    else:
+        _write_lines(source, lines)
+    options: dict[str, object] = {"eval_fraction": 0.1}
+    if held_out is not None:
+        options = {"eval_input": _write_lines(tmp_path / "held", held_out)}
+    with pytest.raises(ValueError, match=message):
+        tokenizing.prepare(tmp_path / "out", tok_dir, source, fmt, seq_len=16, **options)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_held_out_examples_are_chosen_by_content_not_by_place(tmp_path: Path) -> None:
+    """The same examples in another order hold out the same ones; --eval-input holds out its
+    own file's examples instead."""
+    tok_dir = tiny_tokenizer.build(tmp_path / "tok")
+    docs = [{"text": " ".join(tiny_tokenizer.WORDS[i : i + 3])} for i in range(20)]
+    held = []
+    for name, order in (("a", docs), ("b", docs[::-1])):
+        lines = _write_lines(tmp_path / f"{name}.jsonl", order)
+        tokenizing.prepare(tmp_path / name, tok_dir, lines, "jsonl", eval_fraction=0.2)
+        split = data.open_dataset(tmp_path / name).eval_split
+        assert split is not None and split.num_examples == 4
+        held.append(sorted(np.split(np.asarray(split.shards[0]), 4), key=list))
+    assert [h.tolist() for h in held[0]] == [h.tolist() for h in held[1]]
+
+    extra = _write_lines(tmp_path / "eval.jsonl", [{"text": "good morning sun"}])
+    tokenizing.prepare(
+        tmp_path / "c", tok_dir, tmp_path / "a.jsonl", "jsonl", eval_input=extra, seq_len=16
+    )
+    dataset = data.open_dataset(tmp_path / "c")
+    assert dataset.num_examples == 20 and dataset.eval_split is not None
+    assert np.asarray(dataset.eval_split.shards[0]).tolist() == ids("good morning sun </s>")
+    with pytest.raises(tokenizing.InputError, match=r"--eval-input takes --format jsonl or chat"):
+        tokenizing.prepare(
+            tmp_path / "d",
+            tok_dir,
+            tmp_path / "a.jsonl",
+            "jsonl",
+            eval_input=extra,
+            eval_fraction=0.1,
+        )
+    with pytest.raises(ValueError, match=r"--eval-fraction 0.5 of 1 examples holds out 1"):
+        lone = _write_lines(tmp_path / "lone.jsonl", docs[:1])
+        tokenizing.prepare(tmp_path / "e", tok_dir, lone, "jsonl", eval_fraction=0.5)
+
+
+def test_the_default_sequence_length_is_the_models(tmp_path: Path) -> None:
+    tok_dir = tiny_tokenizer.build(tmp_path / "tok")
+    assert tokenizing.default_seq_len(tok_dir) == 2048
+    (tok_dir / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    assert tokenizing.default_seq_len(tok_dir) == 512

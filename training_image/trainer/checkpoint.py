@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from trainer import parallel
+from trainer import packing, parallel
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -904,24 +904,37 @@ def _crc32(path: Path) -> int:
 
 
 def run_config(
-    cfg: TrainConfig, *, world_size: int, manifest_sha256: str, model_id: str | None = None
+    cfg: TrainConfig,
+    *,
+    world_size: int,
+    manifest_sha256: str,
+    model_id: str | None = None,
+    total_steps: int | None = None,
+    packed: bool = False,
 ) -> dict[str, object]:
     """What a resumed run must share with the run that saved the checkpoint: the preset, the
     seed, the global batch (sequences per optimizer step, however ranks and accumulation split
-    it), the learning-rate schedule and the data (its manifest's SHA-256); for a run from a
-    model directory also the model (``model_id``, see :func:`trainer.hf.fingerprint`), and the
-    sequence length where it was chosen rather than the preset's, and a LoRA run's rank, alpha
-    and target modules (``lora``)."""
+    it), the learning-rate schedule over the run's ``total_steps`` (default ``cfg.steps``) and
+    the data (its manifest's SHA-256); for a run from a model directory also the model
+    (``model_id``, see :func:`trainer.hf.fingerprint`), and the sequence length where it was
+    chosen rather than the preset's, a LoRA run's rank, alpha and target modules (``lora``), a
+    run of ``cfg.epochs`` its epochs, and one in ``packed`` rows their layout
+    (:data:`trainer.packing.LAYOUT`), which with the seed fixes every step's rows."""
+    steps = cfg.steps if total_steps is None else total_steps
     run: dict[str, object] = {
         "preset": cfg.preset,
         "seed": cfg.seed,
         "global_batch": cfg.batch_per_rank * world_size * cfg.grad_accum,
         "peak_lr": cfg.peak_lr,
         "min_lr_ratio": cfg.min_lr_ratio,
-        "warmup_steps": cfg.warmup,
-        "max_steps": cfg.max_steps,
+        "warmup_steps": cfg.warmup_for(steps),
+        "max_steps": steps,
         "data_manifest_sha256": manifest_sha256,
     }
+    if cfg.epochs:
+        run["epochs"] = cfg.epochs
+    if packed:
+        run["rows"] = packing.LAYOUT
     if model_id is not None:
         run["model"] = model_id
     if model_id is not None or cfg.seq_len:

@@ -1,4 +1,5 @@
-"""``trn-train``: prepare-data, run, compile, report, and for Hugging Face models score and export.
+"""``trn-train``: prepare-data, run, compile, eval, report, and for Hugging Face models score and
+export.
 
 ``compile`` fills the compile cache ahead of a run: the same job for a few steps, without
 checkpoints or metrics, after checking that the node's host memory holds the compilers. It runs
@@ -17,7 +18,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.config import ACTIVATION_CHECKPOINTING, AUTO_CHECKPOINT_PARAMS, PRESETS, TrainConfig
+from trainer.config import (
+    ACTIVATION_CHECKPOINTING,
+    AUTO_CHECKPOINT_PARAMS,
+    DEFAULT_MAX_STEPS,
+    PRESETS,
+    TrainConfig,
+)
 from trainer.launch import PRECOMPILE_STEPS
 
 # Host memory one compiling process is assumed to need when neither --compile-memory-gib nor
@@ -55,8 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument(
         "--eval-fraction",
         type=float,
-        default=0.01,
-        help="with --tokenizer: share of tokens held out for eval loss (the tail); default 0.01",
+        help="with --tokenizer: share held out for eval loss, default 0.01: of the examples "
+        "(jsonl, chat; at least one) or of the tokens (text: the tail)",
+    )
+    prep.add_argument(
+        "--eval-input",
+        help="with --format jsonl or chat: a file of held-out examples (instead of "
+        "--eval-fraction)",
+    )
+    prep.add_argument(
+        "--seq-len",
+        type=int,
+        default=0,
+        help="the run's sequence length: each split must fill a row of it, and the examples "
+        "cut or dropped at it are reported; default: as `run --model` with the tokenizer's "
+        "model (2048, capped at max_position_embeddings)",
     )
     prep.add_argument(
         "--shard-tokens",
@@ -80,11 +100,58 @@ def _parser() -> argparse.ArgumentParser:
         "TRN_COMPILE_MEMORY_GIB or %(default)s",
     )
 
+    _add_eval_command(sub)
     rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
     rep.add_argument("metrics")
     rep.add_argument("--out", required=True)
     _add_hf_commands(sub)
     return p
+
+
+def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ev = sub.add_parser(
+        "eval",
+        help='loss over every example of a split, once: prints {"loss": L, "tokens": N, '
+        '"examples": E}',
+    )
+    source = ev.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", dest="model_dir", help="Hugging Face model directory")
+    source.add_argument(
+        "--checkpoint-dir", help="a run's checkpoints (path or s3:// URI): its newest valid one"
+    )
+    ev.add_argument("--data", required=True, help="directory made by prepare-data (jsonl, chat)")
+    ev.add_argument(
+        "--split", choices=["eval", "train", "all"], default="eval", help="default: eval"
+    )
+    ev.add_argument(
+        "--seq-len",
+        type=int,
+        default=0,
+        help="0 = the checkpoint's run's, or with --model as `run --model` takes it",
+    )
+    ev.add_argument("--micro-batch", type=int, default=8, help="rows per forward; default 8")
+    ev.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default="auto")
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """``trn-train eval``: the JSON line on stdout, and on stderr what the cutting rule did to
+    each split when it cut or dropped an example."""
+    from trainer import evaluation
+
+    result = evaluation.run(
+        data_dir=args.data,
+        split=args.split,
+        model_dir=args.model_dir or "",
+        checkpoint_dir=args.checkpoint_dir or "",
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        device_name=args.device,
+    )
+    for split, report in result.reports.items():
+        if report.cut or report.dropped:
+            print(f"eval: {report.line(split)}", file=sys.stderr)
+    print(json.dumps(result.as_dict()))
+    return 0
 
 
 def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -168,7 +235,19 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         help="torch.compile backend; 'auto' = the device's own, 'none' = eager",
     )
     run.add_argument("--data", required=True)
-    run.add_argument("--max-steps", type=int, default=d.max_steps)
+    run.add_argument(
+        "--max-steps",
+        type=int,
+        default=d.max_steps,
+        help=f"optimizer steps; default {DEFAULT_MAX_STEPS} unless --epochs",
+    )
+    run.add_argument(
+        "--epochs",
+        type=int,
+        default=d.epochs,
+        help="with data of examples (--format jsonl or chat): train this many whole epochs, "
+        "each example once per epoch, the steps derived from the data; excludes --max-steps",
+    )
     run.add_argument("--micro-batch", type=int, default=d.micro_batch, help="per rank; 0 = preset")
     run.add_argument("--grad-accum", type=int, default=d.grad_accum)
     run.add_argument("--lr", type=float, default=d.lr, help="peak; 0 = preset")
@@ -232,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compile(args)
     if args.command in ("score", "export"):
         return _hf_command(args)
+    if args.command == "eval":
+        return _evaluate(args)
 
     from trainer.loop import train
 
@@ -311,6 +392,8 @@ def _prepare_data(args: argparse.Namespace) -> int:
                 Path(args.input),
                 args.format,
                 eval_fraction=args.eval_fraction,
+                eval_input=None if args.eval_input is None else Path(args.eval_input),
+                seq_len=args.seq_len,
                 shard_tokens=args.shard_tokens or 1 << 24,
             )
         except ValueError as error:
@@ -330,6 +413,7 @@ def compile_config(args: argparse.Namespace) -> TrainConfig:
     cfg = dataclasses.replace(
         train_config(args),
         max_steps=PRECOMPILE_STEPS,
+        epochs=0,
         checkpoint_dir="",
         checkpoint_every=0,
         metrics="",

@@ -140,6 +140,8 @@ PRESETS: dict[str, Preset] = {
 MODEL_DEFAULTS = RunDefaults(micro_batch=1, parallel="fsdp", lr=2e-5)
 # The sequence length of a --model run without --seq-len, capped at max_position_embeddings.
 MODEL_SEQ_LEN = 2048
+# Steps of a run given neither max_steps nor epochs.
+DEFAULT_MAX_STEPS = 100
 
 
 def preset(name: str) -> Preset:
@@ -161,7 +163,10 @@ class TrainConfig:
     Defaults: ``device="auto"`` (xla on Neuron, else neuron, cuda, cpu: see
     :func:`trainer.device.select`), ``compile="auto"`` (the backend's own choice), micro batch,
     learning rate and parallelism from the preset when left at 0/None,
-    warm-up 10% of ``max_steps`` capped at 100, cosine decay to 10% of the peak, AdamW
+    ``max_steps`` :data:`DEFAULT_MAX_STEPS` unless ``epochs`` (default 0: none) asks for whole
+    epochs of a dataset of examples (the steps then come from the data: each epoch's packed
+    rows over the global batch; the two exclude each other),
+    warm-up 10% of the run's steps capped at 100, cosine decay to 10% of the peak, AdamW
     (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
     shards checked by header and size (``verify_data``: also every shard's SHA-256), no eval
     (``eval_every`` 0; when on, the mean loss of ``eval_batches`` (8) held-out batches).
@@ -186,7 +191,8 @@ class TrainConfig:
     model_dir: str = ""
     seq_len: int = 0
     data: str = ""
-    max_steps: int = 100
+    max_steps: int | None = None
+    epochs: int = 0
     device: str = "auto"
     compile: str = "auto"
     seed: int = 0
@@ -255,8 +261,20 @@ class TrainConfig:
         return self.lr or self._defaults.lr
 
     @property
+    def steps(self) -> int:
+        """Steps of a run counted in steps (not ``epochs``): ``max_steps``, or
+        :data:`DEFAULT_MAX_STEPS`."""
+        return DEFAULT_MAX_STEPS if self.max_steps is None else self.max_steps
+
+    def warmup_for(self, total_steps: int) -> int:
+        """Warm-up steps of a run of ``total_steps``: ``warmup_steps``, or with -1 a tenth of
+        the run capped at 100."""
+        return self.warmup_steps if self.warmup_steps >= 0 else min(100, total_steps // 10)
+
+    @property
     def warmup(self) -> int:
-        return self.warmup_steps if self.warmup_steps >= 0 else min(100, self.max_steps // 10)
+        """:meth:`warmup_for` the run's :attr:`steps`."""
+        return self.warmup_for(self.steps)
 
     @property
     def parallelism(self) -> Parallel:
@@ -282,9 +300,18 @@ class TrainConfig:
         _ = self.lora
         if not self.data:
             raise ValueError("data must name a directory made by `trn-train prepare-data`")
-        for name in ("max_steps", "grad_accum", "log_every", "keep_checkpoints"):
+        for name in ("steps", "grad_accum", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                field = "max_steps" if name == "steps" else name
+                raise ValueError(f"{field} must be >= 1, got {getattr(self, name)}")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0 (0: count steps), got {self.epochs}")
+        if self.epochs and self.max_steps is not None:
+            raise ValueError(
+                f"max_steps {self.max_steps} and epochs {self.epochs} exclude each other: "
+                "epochs derives the steps from the data (each epoch's rows over the global "
+                "batch); give one of them"
+            )
         if self.checkpoint_every < 0:
             raise ValueError(
                 f"checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}"

@@ -11,6 +11,14 @@ named with its SHA-256 in the shard's ``mask`` entry; and ``eval_shards``, the h
 in the same form as ``shards``. The shard files themselves are unchanged, so format-1
 directories (the byte corpus, which is still written as format 1) load as before.
 
+Manifest format 3 (``prepare-data --format jsonl|chat``) keeps examples whole: an example (a
+JSONL document, a conversation) never spans two shards, and each shard's ``index`` entry names
+an index file (the same header with magic ``TRNINDX1`` and 8 bytes per value) of the offsets
+at which its examples start, then the shard's token count, with the file's SHA-256 and the
+number of examples. Such a dataset trains in packed rows of whole examples
+(:class:`trainer.packing.PackedSampler`); formats 1 and 2 (the byte corpus, ``--format text``)
+stay a token stream drawn in windows (:class:`WindowSampler`).
+
 Shards are hashed in full when they are written and staged (``trnctl data stage`` checks them
 with this module's reader before it uploads them, and S3 checks each part's SHA-256). Opening a
 dataset for training checks the manifest, each shard's header and size, and records the
@@ -42,8 +50,10 @@ if TYPE_CHECKING:
 
 MAGIC = b"TRNSHRD1"
 MASK_MAGIC = b"TRNMASK1"
+INDEX_MAGIC = b"TRNINDX1"
 FORMAT_VERSION = 1
-MANIFEST_VERSIONS = (1, 2)
+EXAMPLES_VERSION = 3  # the manifest format whose shards hold whole examples
+MANIFEST_VERSIONS = (1, 2, EXAMPLES_VERSION)
 IGNORE_INDEX = -100
 HEADER = struct.Struct("<8sIIQ8x")
 MANIFEST = "manifest.json"
@@ -54,6 +64,7 @@ _HERE = Path(__file__).resolve().parent
 DEFAULT_CORPUS = _HERE / "corpus" if (_HERE / "corpus").is_dir() else _HERE.parent / "corpus"
 _DTYPES: dict[int, np.dtype[np.unsignedinteger]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _MASK_DTYPE = np.dtype("u1")
+_INDEX_DTYPE = np.dtype("<u8")
 
 
 class ShardError(ValueError):
@@ -94,31 +105,52 @@ def write_shard(path: Path, tokens: np.ndarray, dtype: np.dtype, *, magic: bytes
 
 class _ShardWriter:
     """Cuts a stream of tokens (and, when ``masked``, their mask) into shards named
-    ``{prefix}_NNNNN.bin`` (masks ``{prefix}_NNNNN.mask``) of at most ``shard_tokens`` tokens."""
+    ``{prefix}_NNNNN.bin`` (masks ``{prefix}_NNNNN.mask``) of at most ``shard_tokens`` tokens.
+    With ``examples``, each :meth:`add` is one example, kept whole in one shard (a shard closes
+    before an example that would take it past ``shard_tokens``; an example longer than that has
+    a shard of its own), and each shard gets an index of its examples' offsets
+    (``{prefix}_NNNNN.idx``)."""
 
     def __init__(
-        self, out: Path, prefix: str, dtype: np.dtype, shard_tokens: int, *, masked: bool
+        self,
+        out: Path,
+        prefix: str,
+        dtype: np.dtype,
+        shard_tokens: int,
+        *,
+        masked: bool,
+        examples: bool = False,
     ) -> None:
         self.out, self.prefix, self.dtype, self.shard_tokens = out, prefix, dtype, shard_tokens
-        self.masked = masked
+        self.masked, self.examples = masked, examples
         self.entries: list[dict[str, object]] = []
         self._tokens: list[np.ndarray] = []
         self._masks: list[np.ndarray] = []
+        self._ends: list[int] = []
         self._size = 0
 
     def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
         if self.masked and mask is None:
             mask = np.ones(tokens.size, dtype=np.uint8)
+        if self.examples:
+            if self._size and self._size + tokens.size > self.shard_tokens:
+                self.flush()
+            self._append(tokens, mask)
+            self._ends.append(self._size)
+            return
         while tokens.size:
             take = self.shard_tokens - self._size
-            self._tokens.append(tokens[:take])
-            if mask is not None:
-                self._masks.append(mask[:take])
-                mask = mask[take:]
-            self._size += self._tokens[-1].size
+            self._append(tokens[:take], None if mask is None else mask[:take])
+            mask = None if mask is None else mask[take:]
             tokens = tokens[take:]
             if self._size == self.shard_tokens:
                 self.flush()
+
+    def _append(self, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+        self._tokens.append(tokens)
+        if mask is not None:
+            self._masks.append(mask)
+        self._size += tokens.size
 
     def flush(self) -> None:
         if not self._size:
@@ -134,8 +166,12 @@ class _ShardWriter:
             mask = np.concatenate(self._masks)
             digest = write_shard(self.out / f"{stem}.mask", mask, _MASK_DTYPE, magic=MASK_MAGIC)
             entry["mask"] = {"name": f"{stem}.mask", "sha256": digest}
+        if self.examples:
+            offsets = np.asarray([0, *self._ends], dtype=np.uint64)
+            digest = write_shard(self.out / f"{stem}.idx", offsets, _INDEX_DTYPE, magic=INDEX_MAGIC)
+            entry["index"] = {"name": f"{stem}.idx", "sha256": digest, "examples": len(self._ends)}
         self.entries.append(entry)
-        self._tokens, self._masks, self._size = [], [], 0
+        self._tokens, self._masks, self._ends, self._size = [], [], [], 0
 
 
 def write_dataset(
@@ -167,12 +203,28 @@ def write_dataset(
 
 def summary(manifest: Mapping[str, Any], out: str | Path) -> str:
     """One line on what a manifest holds, e.g. ``wrote 1 shards, 900 tokens, to OUT``, with the
-    held-out tokens when there is a held-out split."""
+    held-out tokens when there is a held-out split; for a dataset of examples also the examples
+    of each split."""
     tokens = sum(s["tokens"] for s in manifest["shards"])
-    line = f"wrote {len(manifest['shards'])} shards, {tokens} tokens, to {out}"
     held_out = manifest.get("eval_shards", [])
+    held_tokens = sum(s["tokens"] for s in held_out)
+    examples = manifest.get("examples")
+    if examples is None:
+        line = f"wrote {len(manifest['shards'])} shards, {tokens} tokens, to {out}"
+        return line + (f"; held out {held_tokens} tokens for eval" if held_out else "")
+    line = (
+        f"wrote {len(manifest['shards'])} shards, {examples['train']} examples ({tokens} "
+        f"tokens), to {out}"
+    )
     if held_out:
-        line += f"; held out {sum(s['tokens'] for s in held_out)} tokens for eval"
+        line += f"; held out {examples['eval']} examples ({held_tokens} tokens) for eval"
+    cuts = manifest.get("cut_at_seq_len")
+    if cuts:
+        line += f"; at seq_len {cuts['seq_len']}: " + ", ".join(
+            f"{cuts[split]['cut']} cut and {cuts[split]['dropped']} dropped of {split}"
+            for split in ("train", "eval")
+            if cuts[split]["examples"]
+        )
     return line
 
 
@@ -249,13 +301,106 @@ def write_split_dataset(
     return manifest
 
 
+Example = tuple[np.ndarray, "np.ndarray | None"]  # token ids, and a loss mask or None
+
+
+def held_out_count(examples: int, eval_fraction: float) -> int:
+    """Examples held out for evaluation: ``ceil(eval_fraction * examples)``, so at least one
+    when ``eval_fraction`` is above 0, and 0 for 0.
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 0.5].
+    """
+    return eval_tokens_for(examples, eval_fraction)
+
+
+def split_examples(
+    examples: Sequence[Example], eval_fraction: float
+) -> tuple[list[Example], list[Example]]:
+    """The training and held-out examples of ``examples``: the :func:`held_out_count` examples
+    whose token ids and mask have the lowest SHA-256 are held out, the others train in their
+    order. Chosen by content, not position, so that the same examples in another order make the
+    same two splits; identical examples are interchangeable.
+
+    Raises:
+        ValueError: ``eval_fraction`` outside [0, 0.5], or it would hold out every example.
+    """
+    count = held_out_count(len(examples), eval_fraction)
+    if count and count >= len(examples):
+        raise ValueError(
+            f"--eval-fraction {eval_fraction} of {len(examples)} examples holds out "
+            f"{count}, leaving none to train on; give more examples, a smaller fraction, or "
+            "--eval-input FILE"
+        )
+    digests = [_example_digest(tokens, mask) for tokens, mask in examples]
+    chosen = set(sorted(range(len(examples)), key=lambda i: (digests[i], i))[:count])
+    train = [e for i, e in enumerate(examples) if i not in chosen]
+    held_out = [e for i, e in enumerate(examples) if i in chosen]
+    return train, held_out
+
+
+def _example_digest(tokens: np.ndarray, mask: np.ndarray | None) -> bytes:
+    h = hashlib.sha256(np.asarray(tokens, dtype="<u4").tobytes())
+    if mask is not None:
+        h.update(np.asarray(mask, dtype=np.uint8).tobytes())
+    return h.digest()
+
+
+def write_examples_dataset(
+    out: Path,
+    train: Sequence[Example],
+    held_out: Sequence[Example],
+    *,
+    vocab_size: int,
+    identity: Mapping[str, object],
+    shard_tokens: int = 1 << 24,
+    extra: Mapping[str, object] | None = None,
+) -> dict[str, object]:
+    """Writes ``train`` and ``held_out`` examples (token ids and a mask or None, in order) as a
+    format-3 dataset of whole examples (see the module's documentation) and returns its
+    manifest: ``shards`` and ``eval_shards``, each shard with its ``index``, ``examples`` the
+    two splits' example counts, and ``extra`` (what prepare-data reports) as given. A mask
+    stream is written when any example has a mask.
+
+    Raises:
+        ValueError: no training example; a token does not fit the dtype.
+    """
+    if not train:
+        raise ValueError("no training example to write")
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = dtype_for_vocab(vocab_size)
+    masked = any(mask is not None for _, mask in [*train, *held_out])
+    entries = []
+    for prefix, split in (("shard", train), ("eval", held_out)):
+        writer = _ShardWriter(out, prefix, dtype, shard_tokens, masked=masked, examples=True)
+        for tokens, mask in split:
+            writer.add(np.asarray(tokens, dtype=dtype), mask)
+        writer.flush()
+        entries.append(writer.entries)
+    manifest: dict[str, object] = {
+        "format_version": EXAMPLES_VERSION,
+        **identity,
+        "vocab_size": vocab_size,
+        "dtype": dtype.name,
+        "masked": masked,
+        "examples": {"train": len(train), "eval": len(held_out)},
+        **(extra or {}),
+        "shards": entries[0],
+        "eval_shards": entries[1],
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
 def dataset_files(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Every file a manifest names, as (name, SHA-256): shards, their masks, held-out shards."""
+    """Every file a manifest names, as (name, SHA-256): shards, their masks and indexes,
+    held-out shards."""
     files = []
     for entry in [*manifest["shards"], *manifest.get("eval_shards", [])]:
         files.append((entry["name"], entry["sha256"]))
-        if "mask" in entry:
-            files.append((entry["mask"]["name"], entry["mask"]["sha256"]))
+        for part in ("mask", "index"):
+            if part in entry:
+                files.append((entry[part]["name"], entry[part]["sha256"]))
     return files
 
 
@@ -280,7 +425,9 @@ def prepare_corpus(
 @dataclass(frozen=True)
 class Dataset:
     """Memory-mapped shards of one prepared directory; ``masks`` (one per shard) is None when
-    every token is trained, ``eval_split`` the held-out shards (None when there are none)."""
+    every token is trained, ``eval_split`` the held-out shards (None when there are none),
+    ``index`` (one per shard: its examples' start offsets, then its token count) None for a
+    token stream (formats 1 and 2)."""
 
     root: Path
     tokenizer: str
@@ -290,10 +437,16 @@ class Dataset:
     manifest_sha256: str = ""
     masks: tuple[np.memmap, ...] | None = None
     eval_split: Dataset | None = None
+    index: tuple[np.memmap, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
         return sum(s.size for s in self.shards)
+
+    @property
+    def num_examples(self) -> int:
+        """Examples of a dataset of examples; 0 for a token stream."""
+        return sum(i.size - 1 for i in self.index) if self.index is not None else 0
 
 
 def _open_file(
@@ -322,10 +475,24 @@ def _open_file(
     return np.memmap(path, dtype=dtype, mode="r", offset=HEADER.size, shape=(count,))
 
 
+@dataclass(frozen=True)
+class _Split:
+    maps: tuple[np.memmap, ...]
+    names: tuple[str, ...]
+    masks: tuple[np.memmap, ...] | None
+    index: tuple[np.memmap, ...] | None
+
+
 def _open_split(
-    root: Path, entries: list[dict[str, Any]], dtype: np.dtype, *, masked: bool, verify: bool
-) -> tuple[tuple[np.memmap, ...], tuple[str, ...], tuple[np.memmap, ...] | None]:
-    maps, names, masks = [], [], []
+    root: Path,
+    entries: list[dict[str, Any]],
+    dtype: np.dtype,
+    *,
+    masked: bool,
+    examples: bool,
+    verify: bool,
+) -> _Split:
+    maps, names, masks, index = [], [], [], []
     for entry in entries:
         count = entry["tokens"]
         maps.append(
@@ -341,9 +508,7 @@ def _open_split(
         )
         names.append(entry["name"])
         if masked:
-            if "mask" not in entry:
-                raise ShardError(str(root / entry["name"]), "the manifest gives it no mask")
-            mask = entry["mask"]
+            mask = _part(root, entry, "mask")
             masks.append(
                 _open_file(
                     root,
@@ -355,7 +520,41 @@ def _open_split(
                     verify=verify,
                 )
             )
-    return tuple(maps), tuple(names), tuple(masks) if masked else None
+        if examples:
+            index.append(_open_index(root, entry, verify=verify))
+    return _Split(
+        tuple(maps),
+        tuple(names),
+        tuple(masks) if masked else None,
+        tuple(index) if examples else None,
+    )
+
+
+def _part(root: Path, entry: Mapping[str, Any], part: str) -> Mapping[str, Any]:
+    if part not in entry:
+        raise ShardError(str(root / entry["name"]), f"the manifest gives it no {part}")
+    found: Mapping[str, Any] = entry[part]
+    return found
+
+
+def _open_index(root: Path, entry: Mapping[str, Any], *, verify: bool) -> np.memmap:
+    """The shard's example offsets, checked: they start at 0, rise, and end at its size."""
+    index = _part(root, entry, "index")
+    offsets = _open_file(
+        root,
+        index["name"],
+        magic=INDEX_MAGIC,
+        dtype=_INDEX_DTYPE,
+        tokens=int(index["examples"]) + 1,
+        sha256=index["sha256"],
+        verify=verify,
+    )
+    if offsets[0] != 0 or offsets[-1] != entry["tokens"] or np.any(np.diff(offsets) == 0):
+        raise ShardError(
+            str(root / index["name"]),
+            f"its offsets do not cut {entry['tokens']} tokens into examples from 0 up",
+        )
+    return offsets
 
 
 def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
@@ -385,14 +584,32 @@ def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
         )
     digest = hashlib.sha256(raw_manifest).hexdigest()
     tokenizer, vocab_size = manifest["tokenizer"], int(manifest["vocab_size"])
-    maps, names, masks = _open_split(root, entries, dtype, masked=masked, verify=verify)
+    options = {"masked": masked, "examples": version >= EXAMPLES_VERSION, "verify": verify}
+    train = _open_split(root, entries, dtype, **options)
     held_out = None
     if eval_entries:
-        eval_maps, eval_names, eval_masks = _open_split(
-            root, eval_entries, dtype, masked=masked, verify=verify
+        split = _open_split(root, eval_entries, dtype, **options)
+        held_out = Dataset(
+            root,
+            tokenizer,
+            vocab_size,
+            split.maps,
+            split.names,
+            digest,
+            split.masks,
+            index=split.index,
         )
-        held_out = Dataset(root, tokenizer, vocab_size, eval_maps, eval_names, digest, eval_masks)
-    return Dataset(root, tokenizer, vocab_size, maps, names, digest, masks, held_out)
+    return Dataset(
+        root,
+        tokenizer,
+        vocab_size,
+        train.maps,
+        train.names,
+        digest,
+        train.masks,
+        held_out,
+        train.index,
+    )
 
 
 class WindowSampler:

@@ -26,7 +26,8 @@ from torch import nn
 from trainer import stacks
 from trainer.config import Parallel
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# Inputs and targets, and for packed rows each token's position in its example.
+Batch = tuple[torch.Tensor, ...]
 # Where the Neuron device plugin puts a node's devices (/dev/neuron0, ...) in the container.
 DEV_DIR = Path("/dev")
 
@@ -103,8 +104,8 @@ class Backend:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def batches(self, source: Iterator[Batch]) -> Iterator[Batch]:
-        for x, y in source:
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        for batch in source:
+            yield tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
         """DDP and FSDP reduce during backward; only the XLA backend reduces here."""

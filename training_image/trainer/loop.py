@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,10 @@ from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
 from trainer.model import GPT
+from trainer.packing import PackedSampler
+
+# A token stream is drawn in windows; a dataset of examples in packed rows (trainer.packing).
+Sampler = WindowSampler | PackedSampler
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,8 @@ class StopFlag:
 
 
 def _stream(
-    sampler: WindowSampler, start: int, max_steps: int, accum: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    sampler: Sampler, start: int, max_steps: int, accum: int
+) -> Iterator[tuple[torch.Tensor, ...]]:
     for step in range(start, max_steps):
         for micro in range(accum):
             yield sampler.batch(step, micro)
@@ -99,41 +105,127 @@ def _model_label(cfg: TrainConfig) -> str:
     return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
 
 
-def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> WindowSampler | None:
-    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval: this rank's
-    ``cfg.batch_per_rank`` rows of each of the batches ``0 .. eval_batches - 1``, drawn with
-    ``cfg.seed``, the same batches at every eval; None when eval is off.
+def training_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler:
+    """This rank's sampler of the training split: packed rows of whole examples for a dataset
+    of examples (:class:`~trainer.packing.PackedSampler`), windows of a token stream
+    (:class:`~trainer.data.WindowSampler`) otherwise.
+
+    Raises:
+        ValueError: ``cfg.epochs`` with a token stream; no example or shard fits a row.
+    """
+    options: dict[str, Any] = {
+        "seq_len": cfg.model.seq_len,
+        "micro_batch": cfg.batch_per_rank,
+        "seed": cfg.seed,
+        "rank": ranks.rank,
+        "world_size": ranks.world_size,
+        "grad_accum": cfg.grad_accum,
+    }
+    if dataset.index is not None:
+        return PackedSampler(dataset, **options)
+    if cfg.epochs:
+        raise ValueError(
+            f"epochs {cfg.epochs}: {dataset.root} is a token stream (the byte corpus or "
+            "--format text), which has no examples to count epochs in; give --max-steps, or "
+            "prepare the data with --format jsonl or chat"
+        )
+    return WindowSampler(dataset, **options)
+
+
+def total_steps(cfg: TrainConfig, sampler: Sampler) -> int:
+    """The run's optimizer steps: ``cfg.epochs`` whole epochs of ``sampler``'s rows, or
+    ``cfg.steps``."""
+    if cfg.epochs and isinstance(sampler, PackedSampler):
+        return sampler.steps_for(cfg.epochs)
+    return cfg.steps
+
+
+def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler | None:
+    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval, None when eval
+    is off. A split of examples: every example once, packed in their stored order into rows of
+    which each eval batch gives this rank its ``cfg.batch_per_rank`` (:func:`eval_batches` of
+    them cover the split), the rows `trn-train eval` reads. A token stream: this rank's rows of
+    each of the batches ``0 .. eval_batches - 1``, drawn with ``cfg.seed``. The same batches at
+    every eval.
 
     Raises:
         ValueError: eval is on but the dataset has no held-out split, or one too short for a
-            window.
+            row.
     """
     if not cfg.eval_every:
         return None
-    if dataset.eval_split is None:
+    held_out = dataset.eval_split
+    if held_out is None:
         raise ValueError(
             f"eval_every {cfg.eval_every} needs a held-out split; {dataset.root} has none "
             "(prepare-data --tokenizer ... --eval-fraction F writes one)"
         )
+    options: dict[str, Any] = {
+        "seq_len": cfg.model.seq_len,
+        "micro_batch": cfg.batch_per_rank,
+        "seed": cfg.seed,
+        "rank": ranks.rank,
+        "world_size": ranks.world_size,
+    }
     try:
-        return WindowSampler(
-            dataset.eval_split,
-            seq_len=cfg.model.seq_len,
-            micro_batch=cfg.batch_per_rank,
-            seed=cfg.seed,
-            rank=ranks.rank,
-            world_size=ranks.world_size,
-        )
-    except ValueError:
+        if held_out.index is None:
+            return WindowSampler(held_out, **options)
+        return PackedSampler(held_out, shuffle=False, **options)
+    except ValueError as error:
         raise ValueError(
-            f"the held-out split of {dataset.root} has no shard of {cfg.model.seq_len + 1} "
-            "tokens (seq_len + 1) for eval; prepare the data with a larger --eval-fraction"
+            f"the held-out split of {dataset.root} has nothing for a row of seq_len "
+            f"{cfg.model.seq_len} ({error}); prepare the data with a larger --eval-fraction"
         ) from None
 
 
+def eval_batches(cfg: TrainConfig, sampler: Sampler) -> int:
+    """Batches per eval: those that cover a split of examples once, else ``cfg.eval_batches``."""
+    return sampler.steps_in(0) if isinstance(sampler, PackedSampler) else cfg.eval_batches
+
+
+def data_summary(sampler: Sampler, held_out: Sampler | None) -> dict[str, object] | None:
+    """For packed rows, what the run header records of its data: each split's
+    :class:`~trainer.packing.CutReport` at the run's sequence length, and epoch 0's rows,
+    steps and ``fill`` (the share of row positions that hold example tokens); None for a token
+    stream."""
+    if not isinstance(sampler, PackedSampler):
+        return None
+    rows = sampler.rows(0)
+    positions = sampler.steps_in(0) * sampler.rows_per_step * sampler.seq_len
+    summary: dict[str, object] = {
+        "seq_len": sampler.seq_len,
+        "train": sampler.report.as_dict(),
+        "rows_per_epoch": rows.count,
+        "steps_per_epoch": sampler.steps_in(0),
+        "fill": float(rows.tokens.sum()) / positions,
+    }
+    if isinstance(held_out, PackedSampler):
+        summary["eval"] = held_out.report.as_dict()
+    return summary
+
+
+def _data_line(summary: dict[str, object]) -> str:
+    """One line of :func:`data_summary` for the run's log."""
+    train = summary["train"]
+    assert isinstance(train, dict)
+    line = (
+        f"data: {train['examples']} training examples at seq_len {summary['seq_len']}: "
+        f"{train['cut']} cut, {train['dropped']} dropped; {summary['rows_per_epoch']} rows, "
+        f"{summary['steps_per_epoch']} steps per epoch, {summary['fill']:.1%} of row "
+        "positions hold example tokens"
+    )
+    held_out = summary.get("eval")
+    if isinstance(held_out, dict):
+        line += (
+            f"; {held_out['examples']} eval examples: {held_out['cut']} cut, "
+            f"{held_out['dropped']} dropped"
+        )
+    return line
+
+
 def evaluate(
-    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    sampler: WindowSampler,
+    forward: Callable[..., torch.Tensor],
+    sampler: Sampler,
     num_batches: int,
     backend: device.Backend,
     ranks: parallel.Ranks,
@@ -148,10 +240,10 @@ def evaluate(
     # second graph for a few batches is not worth compiling (nor an error under
     # fail_on_recompile).
     with torch.no_grad(), torch.compiler.set_stance("eager_on_recompile"):
-        for x, y in backend.batches(source):
+        for x, y, *positions in backend.batches(source):
             count = (y != IGNORE_INDEX).sum()
             with backend.autocast():
-                loss = forward(x, _no_empty_mean(y, count)).float()
+                loss = forward(x, _no_empty_mean(y, count), *positions).float()
             total += torch.stack([torch.where(count > 0, loss * count, 0.0), count.float()])
             backend.step_boundary()
     loss_sum, targets = (parallel.all_mean(total, ranks) * ranks.world_size).tolist()
@@ -159,7 +251,7 @@ def evaluate(
 
 
 def _target_weight(
-    sampler: WindowSampler, step: int, ranks: parallel.Ranks, backend: device.Backend
+    sampler: Sampler, step: int, ranks: parallel.Ranks, backend: device.Backend
 ) -> torch.Tensor:
     """``world_size / trained targets of the step`` (0 when there are none), a device tensor:
     gradients are averaged over ranks, so each rank's sum is scaled by the world size. A tensor
@@ -226,7 +318,7 @@ def build_model(
     backend: device.Backend,
     *,
     activation_checkpointing: bool = False,
-) -> tuple[torch.nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
     """The model wrapped for data parallelism and its forward (see
     :func:`trainer.parallel.wrap`).
 
@@ -268,17 +360,18 @@ def build_model(
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Trains ``cfg.preset``, or ``cfg.model_dir``'s model from its weights, until
-    ``cfg.max_steps`` or SIGTERM, resuming from the newest valid
+    """Trains ``cfg.preset``, or ``cfg.model_dir``'s model from its weights, for its steps
+    (:func:`total_steps`) or until SIGTERM, resuming from the newest valid
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
         ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, a
-            device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), or a plan it
-            cannot train (see :meth:`trainer.device.Backend.check_plan`).
+            device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), a plan it
+            cannot train (see :meth:`trainer.device.Backend.check_plan`), or data it cannot
+            make rows of (see :func:`training_sampler`, :func:`eval_sampler`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
         trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
-            model, sequence length, seed, global batch, schedule or dataset.
+            model, sequence length, seed, global batch, schedule, epochs or dataset.
         trainer.hf.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
             this trainer does not implement, or weights that do not match its config.
     """
@@ -304,16 +397,12 @@ def train(cfg: TrainConfig) -> TrainResult:
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds "
             f"{_model_label(cfg)} vocabulary {cfg.model.vocab_size}"
         )
-    sampler = WindowSampler(
-        dataset,
-        seq_len=cfg.model.seq_len,
-        micro_batch=cfg.batch_per_rank,
-        seed=cfg.seed,
-        rank=ranks.rank,
-        world_size=ranks.world_size,
-        grad_accum=cfg.grad_accum,
-    )
+    sampler = training_sampler(cfg, dataset, ranks)
     held_out = eval_sampler(cfg, dataset, ranks)
+    max_steps = total_steps(cfg, sampler)
+    data = data_summary(sampler, held_out)
+    if data is not None and ranks.is_main:
+        print(_data_line(data), file=sys.stderr)
 
     model, forward = build_model(
         cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
@@ -335,6 +424,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         world_size=ranks.world_size,
         manifest_sha256=dataset.manifest_sha256,
         model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
+        total_steps=max_steps,
+        packed=data is not None,
     )
     # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
     sharded = _fsdp_sharded(cfg, ranks, backend)
@@ -346,50 +437,51 @@ def train(cfg: TrainConfig) -> TrainResult:
     flops = flops_per_token(cfg)
     precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
+    header = run_header(
+        started_at=started_at,
+        nodes=ranks.world_size // ranks.local_world_size,
+        world_size=ranks.world_size,
+        device=backend.name,
+        precision=precision,
+        model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
+        seq_len=cfg.model.seq_len,
+        global_batch_tokens=tokens_per_step,
+        flops_per_token=flops,
+        peak_flops_per_rank=peak,
+    )
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",
-        total_steps=cfg.max_steps,
+        total_steps=max_steps,
         progress=cfg.progress if ranks.is_main else False,
-        header=run_header(
-            started_at=started_at,
-            nodes=ranks.world_size // ranks.local_world_size,
-            world_size=ranks.world_size,
-            device=backend.name,
-            precision=precision,
-            model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
-            seq_len=cfg.model.seq_len,
-            global_batch_tokens=tokens_per_step,
-            flops_per_token=flops,
-            peak_flops_per_rank=peak,
-        ),
+        header=header if data is None else {**header, "data": data},
         started=started,
     )
-    batches = backend.batches(_stream(sampler, start, cfg.max_steps, cfg.grad_accum))
+    batches = backend.batches(_stream(sampler, start, max_steps, cfg.grad_accum))
+    # Packed rows' padding is never a target, so every packed step weighs its trained targets.
+    weighted = isinstance(sampler, PackedSampler) or dataset.masks is not None
 
     loss_sum = torch.zeros((), device=backend.device)
     logged_steps, last_loss, saved_at, preempted = 0, None, None, False
     step = start
     with StopFlag() as stop, contextlib.ExitStack() as guards:
         interval_start = time.perf_counter()
-        while step < cfg.max_steps:
+        while step < max_steps:
             lr = optim.lr_at(
                 step,
                 peak=cfg.peak_lr,
-                warmup=cfg.warmup,
-                total=cfg.max_steps,
+                warmup=cfg.warmup_for(max_steps),
+                total=max_steps,
                 min_ratio=cfg.min_lr_ratio,
             )
             optim.set_lr(optimizer, lr)
-            weight = (
-                None if dataset.masks is None else _target_weight(sampler, step, ranks, backend)
-            )
+            weight = _target_weight(sampler, step, ranks, backend) if weighted else None
             for micro in range(cfg.grad_accum):
-                x, y = next(batches)
+                x, y, *positions = next(batches)
                 if weight is not None:
                     count = (y != IGNORE_INDEX).sum()
                     y = _no_empty_mean(y, count)
                 with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
-                    loss = forward(x, y)
+                    loss = forward(x, y, *positions)
                 if weight is None:
                     loss = loss / cfg.grad_accum
                 else:
@@ -410,7 +502,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 # Warm-up is over: from here a recompile means a shape or guard changed.
                 guards.enter_context(torch.compiler.set_stance("fail_on_recompile"))
 
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
+            if step % cfg.log_every == 0 or step == max_steps:
                 mean_loss = parallel.all_mean(loss_sum, ranks) / logged_steps
                 last_loss = mean_loss.item()  # the one device-to-host read per interval
                 backend.synchronize()
@@ -435,13 +527,13 @@ def train(cfg: TrainConfig) -> TrainResult:
 
             if held_out is not None and step % cfg.eval_every == 0:
                 eval_loss, eval_targets = evaluate(
-                    forward, held_out, cfg.eval_batches, backend, ranks
+                    forward, held_out, eval_batches(cfg, held_out), backend, ranks
                 )
                 log.write_eval({"step": step, "eval_loss": eval_loss, "eval_tokens": eval_targets})
 
             preempted = parallel.any_rank(stop.set, ranks, control)
             periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if checkpointer is not None and (periodic or preempted or step == cfg.max_steps):
+            if checkpointer is not None and (periodic or preempted or step == max_steps):
                 saved_at = checkpointer.save(
                     step,
                     model,

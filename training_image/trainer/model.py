@@ -3,12 +3,22 @@
 Static shapes only: the sequence length is fixed by the config, so a compiled graph is traced
 once. ``forward(idx, targets)`` returns the mean cross-entropy so that the loss is part of the
 compiled graph and stays on the device.
+
+Packed rows (:mod:`trainer.packing`): ``forward(idx, targets, positions)`` takes each token's
+position in its example. Positions pick the learned position embeddings (GPT-2 style) or the
+RoPE angles (Llama style), and :func:`document_mask` makes of them the block-diagonal causal
+mask that keeps each example's attention inside it, given to ``scaled_dot_product_attention``
+as ``attn_mask``. In torch 2.13 the CPU flash-attention kernel takes such a mask (its checks,
+``use_flash_attention_cpp`` in ``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp``, refuse
+only a mask of the wrong shape or one that needs a gradient); on CUDA the flash kernel refuses
+any mask (``check_for_attn_mask``) and SDPA picks the memory-efficient or cuDNN kernel, which
+take one. Without positions (a token stream) attention is plain causal (``is_causal``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -181,7 +191,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self.qkv(x).split(
@@ -197,7 +210,7 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = _rotate(q, *rope), _rotate(k, *rope)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_head
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv != self.n_head
         )
         out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, -1))
         return out
@@ -325,15 +338,29 @@ class Block(nn.Module):
         self.attn, self.mlp = Attention(cfg), MLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope)
+        x = x + self.attn(self.norm1(x), rope, mask)
         out: torch.Tensor = x + self.mlp(self.norm2(x))
         return out
 
 
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The ``(batch, 1, seq_len, seq_len)`` boolean attention mask (True: attend) of rows whose
+    tokens have ``positions`` in their examples: an example starts where the position is 0, and
+    a token attends to the tokens of its own example up to itself (causal, block-diagonal)."""
+    example = (positions == 0).cumsum(-1)
+    t = positions.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
+    return ((example.unsqueeze(-1) == example.unsqueeze(-2)) & causal).unsqueeze(1)
+
+
 class GPT(nn.Module):
-    """The decoder. ``forward(idx, targets)`` takes int64 ``(batch, seq_len)`` tensors."""
+    """The decoder. ``forward(idx, targets, positions=None)`` takes int64 ``(batch, seq_len)``
+    tensors."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -380,23 +407,32 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def logits(self, idx: torch.Tensor) -> torch.Tensor:
-        """``(batch, seq_len, vocab_size)`` next-token logits for int64 ``(batch, seq_len)``."""
+    def logits(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``(batch, seq_len, vocab_size)`` next-token logits for int64 ``(batch, seq_len)``;
+        with ``positions`` (each token's position in its example, as packed rows have them)
+        attention stays inside each example (see the module's documentation)."""
         x = self.tok(idx)
         rope = None
+        mask = None if positions is None else document_mask(positions)
         if self.pos is not None:
-            x = x + self.pos.weight
-        else:
+            x = x + (self.pos.weight if positions is None else self.pos(positions))
+        elif positions is None:
             rope = (self.rope_cos, self.rope_sin)
+        else:
+            # (batch, 1, seq_len, half): each row's angles, broadcast over the heads.
+            cos, sin = cast(torch.Tensor, self.rope_cos), cast(torch.Tensor, self.rope_sin)
+            rope = (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, mask)
         out: torch.Tensor = self.head(self.norm(x))
         return out
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The mean cross-entropy of :meth:`logits` against ``targets``, in FP32; targets of
         -100 (cross_entropy's default ``ignore_index``) are left out."""
-        logits = self.logits(idx)
+        logits = self.logits(idx, positions)
         rows = logits.float().view(-1, logits.size(-1))
         if rows.dtype == logits.dtype and _eager_on(rows, ("cpu",)):
             loss: torch.Tensor = _CrossEntropyFunction.apply(rows, targets.reshape(-1))  # type: ignore[no-untyped-call]

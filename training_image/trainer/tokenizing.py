@@ -38,6 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from trainer.config import MODEL_SEQ_LEN
+from trainer.packing import CutReport, cut_report, kept_length
+
 FORMATS = ("text", "jsonl", "chat")
 ROLES = ("system", "user", "assistant", "tool")
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -211,36 +214,129 @@ def documents(tokenizer: HfTokenizer, path: Path, fmt: str) -> Iterator[Document
         raise InputError(f"--input {str(path)!r} is empty (no JSON lines)")
 
 
+def default_seq_len(tokenizer_dir: str | Path) -> int:
+    """The sequence length `trn-train run --model` takes without ``--seq-len`` for the model
+    whose tokenizer is in ``tokenizer_dir``: :data:`trainer.config.MODEL_SEQ_LEN`, capped at
+    its ``config.json``'s ``max_position_embeddings`` where the directory has one."""
+    path = Path(tokenizer_dir) / "config.json"
+    try:
+        limit = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        limit = None
+    return min(MODEL_SEQ_LEN, limit) if isinstance(limit, int) and limit > 0 else MODEL_SEQ_LEN
+
+
 def prepare(
     out: Path,
     tokenizer_dir: str | Path,
     input_path: Path,
     fmt: str,
     *,
-    eval_fraction: float = 0.01,
+    eval_fraction: float | None = None,
+    eval_input: Path | None = None,
+    seq_len: int = 0,
     shard_tokens: int = 1 << 24,
 ) -> dict[str, object]:
     """``trn-train prepare-data --tokenizer``: tokenizes ``input_path`` in ``fmt`` with the
-    tokenizer of ``tokenizer_dir`` and writes the format-2 dataset (held-out tail of
-    ``eval_fraction``, default 1%; shards of ``shard_tokens``, default 16M) under ``out``;
-    returns the manifest.
+    tokenizer of ``tokenizer_dir`` and writes the dataset under ``out`` (shards of
+    ``shard_tokens``, default 16M); returns the manifest.
+
+    ``text``: a token stream (format 2) whose held-out split is its tail, ``eval_fraction``
+    (default 0.01) of the tokens. ``jsonl`` and ``chat``: whole examples (format 3); the
+    held-out split is ``eval_input``'s examples, or else ``eval_fraction`` (default 0.01) of
+    the examples (at least one; see :func:`trainer.data.split_examples`). Each split is checked
+    at ``seq_len`` (default :func:`default_seq_len`): it must fill a row (a window of
+    ``seq_len + 1`` tokens of a stream; one example kept by the cutting rule of
+    :mod:`trainer.packing`), and the manifest records how many examples the rule cuts and drops
+    (``cut_at_seq_len``).
 
     Raises:
-        InputError: see :class:`HfTokenizer` and :func:`documents`.
-        ValueError: ``eval_fraction`` outside [0, 0.5].
+        InputError: see :class:`HfTokenizer` and :func:`documents`; ``eval_input`` with
+            ``text`` or with ``eval_fraction``.
+        ValueError: ``eval_fraction`` outside [0, 0.5]; ``seq_len`` below 1; a split too
+            small for a row at ``seq_len``.
     """
     from trainer import data
 
-    data.eval_tokens_for(0, eval_fraction)  # refuses a bad fraction before any tokenizing
+    if eval_input is not None and (eval_fraction is not None or fmt == "text"):
+        raise InputError(
+            "--eval-input takes --format jsonl or chat, without --eval-fraction (its examples "
+            "are the held-out split)"
+        )
+    fraction = 0.01 if eval_fraction is None else eval_fraction
+    data.eval_tokens_for(0, fraction)  # refuses a bad fraction before any tokenizing
+    if seq_len < 0:
+        raise ValueError(f"--seq-len must be >= 1 (0: the model's default), got {seq_len}")
     tokenizer = HfTokenizer(tokenizer_dir)
-    # Held in memory (at the shards' dtype) because the held-out split is the stream's tail.
+    seq_len = seq_len or default_seq_len(tokenizer_dir)
+    identity = {**tokenizer.identity, "eos_token_id": tokenizer.eos_id}
+    # Held in memory (at the shards' dtype): the held-out split depends on every example.
     dtype = data.dtype_for_vocab(tokenizer.vocab_size)
     docs = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, input_path, fmt)]
-    return data.write_split_dataset(
+    if fmt == "text":
+        _check_stream(docs, fraction, seq_len, shard_tokens)
+        return data.write_split_dataset(
+            out,
+            docs,
+            vocab_size=tokenizer.vocab_size,
+            identity=identity,
+            eval_fraction=fraction,
+            shard_tokens=shard_tokens,
+        )
+    if eval_input is None:
+        train, held_out = data.split_examples(docs, fraction)
+    else:
+        train = docs
+        held_out = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, eval_input, fmt)]
+    reports = {"train": _cut_report(train, seq_len), "eval": _cut_report(held_out, seq_len)}
+    for split, report in reports.items():
+        if report.examples and report.dropped == report.examples:
+            raise ValueError(
+                f"no {split} example fits a row of --seq-len {seq_len}: all {report.examples} "
+                "are dropped (a conversation whose first reply ends past seq_len is dropped); "
+                "give a longer --seq-len or more examples"
+            )
+    return data.write_examples_dataset(
         out,
-        docs,
+        train,
+        held_out,
         vocab_size=tokenizer.vocab_size,
-        identity={**tokenizer.identity, "eos_token_id": tokenizer.eos_id},
-        eval_fraction=eval_fraction,
+        identity=identity,
         shard_tokens=shard_tokens,
+        extra={
+            "cut_at_seq_len": {
+                "seq_len": seq_len,
+                **{split: report.as_dict() for split, report in reports.items()},
+            }
+        },
     )
+
+
+def _cut_report(examples: list[tuple[np.ndarray, np.ndarray | None]], seq_len: int) -> CutReport:
+    lengths = np.asarray([tokens.size for tokens, _ in examples], dtype=np.int64)
+    kept = np.asarray(
+        [kept_length(tokens.size, mask, seq_len) for tokens, mask in examples], dtype=np.int64
+    )
+    return cut_report(lengths, kept, seq_len)
+
+
+def _check_stream(
+    docs: list[tuple[np.ndarray, np.ndarray | None]],
+    eval_fraction: float,
+    seq_len: int,
+    shard_tokens: int,
+) -> None:
+    """Refuses a stream whose training split, or held-out split when there is one, has no
+    shard of a window (``seq_len + 1`` tokens)."""
+    from trainer import data
+
+    total = sum(tokens.size for tokens, _ in docs)
+    train = data.split_point([tokens.size for tokens, _ in docs], eval_fraction)
+    window = seq_len + 1
+    for split, tokens in (("training", train), ("held-out", total - train)):
+        if (tokens or split == "training") and min(tokens, shard_tokens) < window:
+            raise ValueError(
+                f"the {split} split has {tokens} tokens in its largest shard, fewer than a "
+                f"window of --seq-len {seq_len} + 1 = {window}; give more text, a shorter "
+                "--seq-len, or (for the held-out split) a larger --eval-fraction"
+            )
