@@ -1,0 +1,167 @@
+"""Packed rows against the token stream (issue 30): merges bench/results.json["packing"].
+
+- packed_useful_vs_stream_tokens_per_s: ``trn-train run --model`` on conversations of varied
+  lengths prepared as whole examples (format 3: each row packs whole conversations, the rest of
+  it padding), counting only the example (non-padding) tokens per second, over the same run on
+  the same tokens prepared as today's stream of windows (format 2), counting every token. The
+  fine-tuning benchmark's Llama (bench/hf_bench.py), batch and sequence length, CPU, FP32,
+  eager; the two runs alternate in each round (which goes first alternates too) and the figure
+  is the median of the rounds' ratios (goal >= 0.9, asserted: the script exits 1 below it).
+- fill: example tokens over row positions of the packed epoch, the share packing does not
+  waste on padding.
+
+Usage: python bench/packing_bench.py [--results bench/results.json] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import hf_bench
+import numpy as np
+import torch
+
+from trainer import data, metrics, packing
+from trainer.config import TrainConfig
+from trainer.loop import train
+
+WARMUP, MEASURED = hf_bench.WARMUP, hf_bench.MEASURED
+GOALS = {"packed_useful_vs_stream_tokens_per_s": 0.9}
+IDENTITY = {"tokenizer": "random", "tokenizer_sha256": "0" * 64, "eos_token_id": 0}
+
+
+def conversations(count: int, vocab: int, seed: int = 0) -> list[data.Example]:
+    """``count`` conversations of one to three turns, each a prompt of 4 to 63 tokens (mask 0)
+    and a reply of 4 to 95 (mask 1): 8 to 474 tokens, random ids below ``vocab``."""
+    rng = np.random.default_rng(seed)
+    out: list[data.Example] = []
+    for _ in range(count):
+        parts = []
+        for _turn in range(int(rng.integers(1, 4))):
+            parts += [
+                np.zeros(rng.integers(4, 64), np.uint8),
+                np.ones(rng.integers(4, 96), np.uint8),
+            ]
+        mask = np.concatenate(parts)
+        out.append((rng.integers(1, vocab, mask.size), mask))
+    return out
+
+
+def write_both(work: Path, examples: list[data.Example], vocab: int) -> tuple[Path, Path]:
+    """The conversations as whole examples (format 3) and as one stream (format 2)."""
+    packed, stream = work / "packed", work / "stream"
+    data.write_examples_dataset(packed, examples, [], vocab_size=vocab, identity=IDENTITY)
+    data.write_split_dataset(stream, examples, vocab_size=vocab, identity=IDENTITY, eval_fraction=0)
+    return packed, stream
+
+
+def useful_tokens(data_dir: Path, steps: range) -> int:
+    """Example tokens of ``steps`` of the run :func:`run_round` makes of ``data_dir``: every
+    position for a stream, the non-padding ones for packed rows."""
+    dataset = data.open_dataset(data_dir)
+    if dataset.index is None:
+        return len(steps) * hf_bench.BATCH * hf_bench.SEQ_LEN
+    rows = packing.PackedSampler(
+        dataset, seq_len=hf_bench.SEQ_LEN, micro_batch=hf_bench.BATCH, seed=TrainConfig.seed
+    )
+    return sum(rows.tokens(step) for step in steps)
+
+
+def run_round(model_dir: Path, data_dir: Path, work: Path) -> float:
+    """Steady-state useful tokens/s of the trainer on ``data_dir`` (records after warm-up)."""
+    log = work / f"m-{time.monotonic_ns()}.jsonl"
+    cfg = TrainConfig(
+        model_dir=str(model_dir),
+        seq_len=hf_bench.SEQ_LEN,
+        data=str(data_dir),
+        device="cpu",
+        compile="none",
+        parallel="ddp",
+        micro_batch=hf_bench.BATCH,
+        max_steps=WARMUP + MEASURED,
+        log_every=2,
+        metrics=str(log),
+        progress=False,
+    )
+    train(cfg)
+    steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
+    seconds = sum(r["step_time_s"] * 2 for r in steady)
+    return float(useful_tokens(data_dir, range(WARMUP, WARMUP + MEASURED)) / seconds)
+
+
+def fill(data_dir: Path) -> float:
+    """Example tokens over row positions of epoch 0 of the packed data."""
+    rows = packing.PackedSampler(
+        data.open_dataset(data_dir),
+        seq_len=hf_bench.SEQ_LEN,
+        micro_batch=hf_bench.BATCH,
+        seed=TrainConfig.seed,
+    )
+    epoch = rows.rows(0)
+    return float(epoch.tokens.sum() / (epoch.count * hf_bench.SEQ_LEN))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    vocab = hf_bench.LLAMA["vocab_size"]
+    with tempfile.TemporaryDirectory(prefix="packing-bench-") as tmp:
+        work = Path(tmp)
+        model_dir = hf_bench.make_model(
+            work, hf_bench.LLAMA, dtype=torch.float32, max_shard_bytes=8 << 20
+        )
+        examples = conversations(2000, vocab)
+        packed, stream = write_both(work, examples, vocab)
+        rates: dict[str, list[float]] = {"packed": [], "stream": []}
+        for round_ in range(args.rounds):
+            for name in sorted(rates, reverse=round_ % 2 == 1):
+                rates[name].append(
+                    run_round(model_dir, packed if name == "packed" else stream, work)
+                )
+        packed_fill = fill(packed)
+    per_round = [a / b for a, b in zip(rates["packed"], rates["stream"], strict=True)]
+    figures = {"packed_useful_vs_stream_tokens_per_s": statistics.median(per_round)}
+    section: dict[str, Any] = {
+        **figures,
+        "fill": packed_fill,
+        "goals": GOALS,
+        "meets_goals": {k: figures[k] >= GOALS[k] for k in GOALS},
+        "details": {
+            "packed_useful_tokens_per_s": rates["packed"],
+            "stream_tokens_per_s": rates["stream"],
+            "per_round": per_round,
+            "rounds": args.rounds,
+            "conversations": len(examples),
+            "conversation_tokens": int(sum(tokens.size for tokens, _ in examples)),
+            "llama": hf_bench.LLAMA,
+            "batch": hf_bench.BATCH,
+            "seq_len": hf_bench.SEQ_LEN,
+            "open_rows": packing.OPEN_ROWS,
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "load_average_1m": os.getloadavg()[0],
+        },
+        "command": f"python {Path(__file__).resolve()}",
+    }
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["packing"] = section
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        json.dumps({**{k: round(v, 4) for k, v in figures.items()}, "fill": round(packed_fill, 4)})
+    )
+    return 0 if all(section["meets_goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

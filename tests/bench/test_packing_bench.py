@@ -1,0 +1,33 @@
+"""The packing benchmark counts what it says: example tokens of packed rows, every token of the
+stream, on conversations of varied lengths."""
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from trainer import data, packing
+
+
+def test_useful_tokens_are_the_rows_non_padding_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As `make bench` runs it: a script beside hf_bench.py, which it imports as a sibling.
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    packing_bench = importlib.import_module("packing_bench")
+    monkeypatch.setattr(packing_bench.hf_bench, "SEQ_LEN", 128)
+    monkeypatch.setattr(packing_bench.hf_bench, "BATCH", 2)
+    examples = packing_bench.conversations(60, vocab=64)
+    lengths = [tokens.size for tokens, _ in examples]
+    assert min(lengths) < 64 and max(lengths) > 128  # varied: some rows hold several, some cut
+    packed, stream = packing_bench.write_both(tmp_path, examples, vocab=64)
+    steps = range(2, 5)
+    assert packing_bench.useful_tokens(stream, steps) == 3 * 2 * 128
+    rows = packing.PackedSampler(data.open_dataset(packed), seq_len=128, micro_batch=2, seed=0)
+    padding = sum(
+        int(np.count_nonzero(np.asarray(x) == 0)) for x in (rows.batch(s)[0] for s in steps)
+    )
+    assert packing_bench.useful_tokens(packed, steps) == 3 * 2 * 128 - padding
+    assert 0.5 < packing_bench.fill(packed) <= 1.0
