@@ -95,11 +95,12 @@ def generated_name(prefix: str, start: str, now: datetime) -> str:
 @dataclass(frozen=True)
 class TrainingArgs:
     """What ``trn-train run`` gets inside the job (see ``trainer.cli``): a ``preset`` or a staged
-    ``model`` (its NAME; exactly one), LoRA only with a model.
+    ``model`` (its NAME; exactly one), LoRA only with a model, ``max_steps`` or ``epochs``.
 
     Raises:
-        TrnctlError: USAGE, on construction, for a combination ``trn-train run`` would refuse or
-            a LoRA rank below 1 or alpha not above 0.
+        TrnctlError: USAGE, on construction, for a combination ``trn-train run`` would refuse
+            (``max_steps`` with ``epochs`` among them) or a LoRA rank below 1 or alpha not
+            above 0.
     """
 
     preset: str | None
@@ -114,10 +115,16 @@ class TrainingArgs:
     seq_len: int | None = None
     eval_every: int | None = None
     eval_batches: int | None = None
+    epochs: int | None = None
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.model is None):
             raise TrnctlError("pass exactly one of --preset and --model")
+        if self.max_steps is not None and self.epochs is not None:
+            raise TrnctlError(
+                "--max-steps and --epochs exclude each other: --epochs derives the steps from "
+                "the data; give one"
+            )
         if self.lora_rank is None and self.lora_alpha is not None:
             raise TrnctlError("--lora-alpha needs --lora-rank")
         if self.lora_rank is not None:
@@ -159,6 +166,7 @@ class TrainingArgs:
             ("--seq-len", self.seq_len),
             ("--eval-every", self.eval_every),
             ("--eval-batches", self.eval_batches),
+            ("--epochs", self.epochs),
         ):
             if value is not None:
                 argv += [flag, str(value)]

@@ -187,6 +187,7 @@ def test_a_generated_name_comes_from_the_program(trnctl: Any) -> None:
             "--max-steps, --seed, --precompile are",
         ),
         (["--lora-rank", "4", "--eval-every", "2"], "--lora-rank, --eval-every are"),
+        (["--epochs", "2"], "--epochs is"),
     ],
 )
 @pytest.mark.usefixtures("deployed", "no_kubernetes")

@@ -92,6 +92,15 @@ def job_submit(
     ] = None,
     image: ImageOption = None,
     max_steps: Annotated[int | None, typer.Option("--max-steps", min=1)] = None,
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            "--epochs",
+            min=1,
+            help="Whole epochs of data of examples (prepared with --format jsonl or chat), each "
+            "example once per epoch; the steps come from the data. Excludes --max-steps.",
+        ),
+    ] = None,
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", min=0)] = None,
     log_every: Annotated[int | None, typer.Option("--log-every", min=1)] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
@@ -170,6 +179,7 @@ def job_submit(
             "--lora-rank": lora_rank is not None,
             "--lora-alpha": lora_alpha is not None,
             "--max-steps": max_steps is not None,
+            "--epochs": epochs is not None,
             "--checkpoint-every": checkpoint_every is not None,
             "--log-every": log_every is not None,
             "--seed": seed is not None,
@@ -219,6 +229,7 @@ def job_submit(
         seq_len=seq_len,
         eval_every=eval_every,
         eval_batches=eval_batches,
+        epochs=epochs,
     )
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
