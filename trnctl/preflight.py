@@ -12,8 +12,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 import trn_catalog
-from trn_catalog import InstanceSpec, ultraservers
+from trn_catalog import InstanceSpec, registries, ultraservers
 from trn_catalog import devices as device_modes
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl.capacity import block_instance_count
@@ -175,6 +177,70 @@ def _offerings(ec2: Any, filters: list[dict[str, Any]], location_type: str) -> s
     paginator = ec2.get_paginator("describe_instance_type_offerings")
     pages = paginator.paginate(LocationType=location_type, Filters=filters)
     return {o["Location"] for page in pages for o in page["InstanceTypeOfferings"]}
+
+
+# The images the platform pulls from the region's EKS registry (constructs_lib.plugins).
+EKS_IMAGES = (registries.EFA_DEVICE_PLUGIN_IMAGE, registries.DRANET_IMAGE)
+
+
+def check_eks_images(ecr: Any, region: str) -> Check:
+    """Whether the region's EKS registry holds the EFA device plugin and aws-dranet images at
+    the pinned charts' tags (ECR BatchGetImage, as a node's pull asks): the platform pulls them
+    from there, and the EKS user guide says EKS replicates its registry's images to each region
+    it runs in without naming these two. A registry this identity may not read warns."""
+    account = registries.EKS_REGISTRY_ACCOUNTS.get(region)
+    if account is None:
+        return Check(
+            "EKS images in region",
+            Status.FAIL,
+            f"no EKS registry of {region} in trn_catalog/registries.py",
+            f"add its account from {registries.GUIDE}",
+        )
+    missing, unreadable = _missing_images(ecr, account)
+    registry = registries.eks_registry(region)
+    if missing:
+        return Check(
+            "EKS images in region",
+            Status.FAIL,
+            f"{registry} lacks {', '.join(missing)}",
+            "the EFA device plugin or aws-dranet would not start there: deploy in a region "
+            "whose EKS registry has them",
+        )
+    if unreadable:
+        return Check(
+            "EKS images in region",
+            Status.WARN,
+            f"could not read {', '.join(unreadable)} from {registry}",
+            "grant this identity ecr:BatchGetImage to check (the nodes pull with their role)",
+        )
+    names = ", ".join(f"{i.repository}:{i.tag}" for i in EKS_IMAGES)
+    return Check("EKS images in region", Status.PASS, f"{registry} has {names}")
+
+
+def _missing_images(ecr: Any, account: str) -> tuple[list[str], list[str]]:
+    """The images of :data:`EKS_IMAGES` the registry lacks and those it would not show, each
+    with ECR's reason."""
+    missing: list[str] = []
+    unreadable: list[str] = []
+    for image in EKS_IMAGES:
+        name = f"{image.repository}:{image.tag}"
+        try:
+            answer = ecr.batch_get_image(
+                registryId=account,
+                repositoryName=image.repository,
+                imageIds=[{"imageTag": image.tag}],
+            )
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "?")
+            if code == "RepositoryNotFoundException":
+                missing.append(f"{name} ({code})")
+            else:
+                unreadable.append(f"{name} ({code})")
+            continue
+        if not answer.get("images"):
+            reasons = ", ".join(f.get("failureCode", "?") for f in answer.get("failures", []))
+            missing.append(f"{name} ({reasons or 'no image'})")
+    return missing, unreadable
 
 
 def describe_type(ec2: Any, instance_type: str) -> dict[str, Any] | None:

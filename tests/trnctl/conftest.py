@@ -13,9 +13,10 @@ import typer.main
 import typer.testing
 from botocore.stub import Stubber
 from moto import mock_aws
-from preflight_answers import QUOTA, quota_response
+from preflight_answers import QUOTA, image_response, quota_response
 from typer.testing import CliRunner
 
+from trnctl import preflight
 from trnctl.cli import app
 
 # typer's CliRunner builds the Click command tree from the Typer app on every invoke (some 50 ms
@@ -174,6 +175,17 @@ def aws(clients: Any, stub: Any) -> Any:
                 ]
             },
         )
+        images = stub(clients("ecr"), "BatchGetImage")
+        for image in preflight.EKS_IMAGES:
+            images.add_response(
+                "batch_get_image",
+                image_response("602401143452", image.repository, image.tag),
+                {
+                    "registryId": "602401143452",
+                    "repositoryName": image.repository,
+                    "imageIds": [{"imageTag": image.tag}],
+                },
+            )
         return quotas, ec2
 
     return setup

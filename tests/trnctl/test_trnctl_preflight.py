@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from preflight_answers import QUOTA, quota_response
+from preflight_answers import QUOTA, image_response, quota_response
 
 import trn_catalog
 from tests.conftest import sample_outputs
@@ -53,6 +53,7 @@ def rows(stdout: str) -> dict[str, str]:
         "network cards",
         "On-Demand vCPU quota",
         "capacity reservations",
+        "EKS images in region",
     )
     found = {}
     for line in stdout.splitlines():
@@ -80,6 +81,7 @@ def test_all_checks_pass_with_a_usable_capacity_block(trnctl: Any, aws: Any) -> 
         "network cards",
         "On-Demand vCPU quota",
         "capacity reservations",
+        "EKS images in region",
     }
     assert all("PASS" in line for line in table.values())
     assert "EC2: 16, catalog: 16" in table["EFA interfaces"]
@@ -438,3 +440,60 @@ def test_the_trn_zone_of_a_deployed_environment_does_not_move(
             "-c availability_zone=us-east-2a; or destroy trn-dev and deploy it again there), "
             "move its data (docs/deploying.md, Moving the trn zone), then destroy the old one"
         )
+
+
+def test_the_eks_images_pulled_from_the_region_are_there(clients: Any, stub: Any) -> None:
+    images = stub(clients("ecr"), "BatchGetImage")
+    for image in preflight.EKS_IMAGES:
+        images.add_response(
+            "batch_get_image",
+            image_response("877085696533", image.repository, image.tag),
+            {
+                "registryId": "877085696533",
+                "repositoryName": image.repository,
+                "imageIds": [{"imageTag": image.tag}],
+            },
+        )
+
+    check = preflight.check_eks_images(clients("ecr"), "af-south-1")
+
+    assert check.status is preflight.Status.PASS
+    assert check.detail == (
+        "877085696533.dkr.ecr.af-south-1.amazonaws.com has "
+        "eks/aws-efa-k8s-device-plugin:v0.5.20, eks/dranet:v1.2.0-eksbuild.2"
+    )
+    images.assert_no_pending_responses()
+
+
+def test_an_image_the_regions_registry_lacks_fails(clients: Any, stub: Any) -> None:
+    """moto has no EKS registry: the repository is not found there. A tag ECR does not find is
+    a failure in its answer."""
+    images = stub(clients("ecr", "eu-west-1"), "BatchGetImage")
+    images.add_response(
+        "batch_get_image",
+        {"images": [], "failures": [{"failureCode": "ImageNotFound"}]},
+    )
+    images.add_client_error("batch_get_image", "AccessDeniedException", "no")
+
+    lacking = preflight.check_eks_images(clients("ecr"), "us-east-2")
+    partly = preflight.check_eks_images(clients("ecr", "eu-west-1"), "eu-west-1")
+
+    assert lacking.status is preflight.Status.FAIL
+    assert lacking.detail.startswith(
+        "602401143452.dkr.ecr.us-east-2.amazonaws.com lacks "
+        "eks/aws-efa-k8s-device-plugin:v0.5.20 (RepositoryNotFoundException)"
+    )
+    assert partly.status is preflight.Status.FAIL
+    assert "eks/aws-efa-k8s-device-plugin:v0.5.20 (ImageNotFound)" in partly.detail
+
+
+def test_a_registry_this_identity_may_not_read_warns(clients: Any, stub: Any) -> None:
+    images = stub(clients("ecr"), "BatchGetImage")
+    images.add_client_error("batch_get_image", "AccessDeniedException", "no")
+    images.add_client_error("batch_get_image", "AccessDeniedException", "no")
+
+    check = preflight.check_eks_images(clients("ecr"), "us-east-2")
+
+    assert check.status is preflight.Status.WARN
+    assert "eks/dranet:v1.2.0-eksbuild.2 (AccessDeniedException)" in check.detail
+    assert "ecr:BatchGetImage" in check.fix

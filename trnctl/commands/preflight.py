@@ -37,9 +37,10 @@ def preflight_command(
         ),
     ] = None,
 ) -> None:
-    """Check type offering, EFA layout, On-Demand quota and reservations (and, with --env, the
-    environment's device management and LNC, what its nodes' labels say of both, and its
-    UltraServers); exit 1 on a failure."""
+    """Check type offering, EFA layout, On-Demand quota, reservations and the EKS images the
+    platform pulls in the region (and, with --env, the zone, the environment's device
+    management and LNC, what its nodes' labels say of both, and its UltraServers); exit 1 on a
+    failure."""
     resolved = common.region_of(region)
     if not az.startswith(resolved):
         raise TrnctlError(
@@ -50,6 +51,7 @@ def preflight_command(
     checks = preflight.run(
         aws.client("ec2", resolved), aws.client("service-quotas", resolved), request
     )
+    checks.append(preflight.check_eks_images(aws.client("ecr", resolved), resolved))
     if env is not None:
         outputs = common.outputs_of(env, resolved)
         checks.append(preflight.check_zone(outputs, request))
