@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from trn_catalog import registries
+from trn_catalog import registries, versions
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,9 @@ def test_a_region_the_guide_does_not_list_is_refused_naming_the_page() -> None:
     with pytest.raises(registries.UnknownRegistryRegionError, match="mx-central-1") as caught:
         registries.eks_registry("mx-central-1")
     assert "View Amazon container image registries" in str(caught.value)
+
+
+def test_the_images_are_the_pinned_charts_own() -> None:
+    """The tags each chart's values.yaml sets at the commit its pin names (trn_catalog.versions)."""
+    assert registries.EFA_DEVICE_PLUGIN_IMAGE.tag in versions.EFA_CHART.source
+    assert f"dranet {registries.DRANET_IMAGE.tag}" in versions.DRANET_CHART.source
