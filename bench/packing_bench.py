@@ -9,8 +9,13 @@
   is the median of the rounds' ratios (goal >= 0.9, asserted: the script exits 1 below it).
 - fill: example tokens over row positions of the packed epoch, the share packing does not
   waste on padding.
+- paired (no goal of its own): a training step (model and optimizer) on a packed batch and one
+  on a stream batch in turn in one process, which goes first alternating; the median of the
+  pairs' ratios of useful tokens/s, with quartiles. The rounds above run each for seconds at
+  different moments of a shared machine; the two steps of a pair see nearly the same machine,
+  so this says what the rows cost per step (their mask, their positions) beside their padding.
 
-Usage: python bench/packing_bench.py [--results bench/results.json] [--rounds 5]
+Usage: python bench/packing_bench.py [--results bench/results.json] [--rounds 5] [--pairs 20]
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import hf_bench
 import numpy as np
 import torch
 
-from trainer import data, metrics, packing
+from trainer import data, hf, metrics, optim, packing
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -109,11 +114,49 @@ def fill(data_dir: Path) -> float:
     return float(epoch.tokens.sum() / (epoch.count * hf_bench.SEQ_LEN))
 
 
+def paired_steps(model_dir: Path, packed: Path, stream: Path, pairs: int) -> dict[str, Any]:
+    """A step of the trainer's model and optimizer on a packed batch and one on a stream batch,
+    in turn, ``pairs`` times after :data:`WARMUP` pairs: the median of the pairs' ratios of
+    useful tokens/s (``ratio``), its quartiles and each side's seconds per step."""
+    model = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=hf_bench.SEQ_LEN))
+    model.train()
+    opt = optim.build(model, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
+    options = {"seq_len": hf_bench.SEQ_LEN, "micro_batch": hf_bench.BATCH, "seed": 0}
+    rows = packing.PackedSampler(data.open_dataset(packed), **options)
+    windows = data.WindowSampler(data.open_dataset(stream), **options)
+    batches = {
+        "packed": [rows.batch(s) for s in range(4)],
+        "stream": [windows.batch(s) for s in range(4)],
+    }
+    tokens = {
+        "packed": [rows.tokens(s) for s in range(4)],
+        "stream": [hf_bench.BATCH * hf_bench.SEQ_LEN] * 4,
+    }
+    seconds: dict[str, list[float]] = {"packed": [], "stream": []}
+    rates: dict[str, list[float]] = {"packed": [], "stream": []}
+    for pair in range(WARMUP + pairs):
+        for name in sorted(batches, reverse=pair % 2 == 1):
+            began = time.perf_counter()
+            model(*batches[name][pair % 4]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if pair >= WARMUP:
+                seconds[name].append(time.perf_counter() - began)
+                rates[name].append(tokens[name][pair % 4] / seconds[name][-1])
+    ratios = [p / s for p, s in zip(rates["packed"], rates["stream"], strict=True)]
+    low, median, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"ratio": median, "quartiles": [low, high], "seconds": seconds}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--pairs", type=int, default=20)
     args = p.parse_args()
+    if args.pairs < 2:
+        p.error(f"--pairs: {args.pairs}; a median and quartiles need at least 2 pairs")
     vocab = hf_bench.LLAMA["vocab_size"]
     with tempfile.TemporaryDirectory(prefix="packing-bench-") as tmp:
         work = Path(tmp)
@@ -129,6 +172,7 @@ def main() -> int:
                     run_round(model_dir, packed if name == "packed" else stream, work)
                 )
         packed_fill = fill(packed)
+        paired = paired_steps(model_dir, packed, stream, args.pairs)
     per_round = [a / b for a, b in zip(rates["packed"], rates["stream"], strict=True)]
     figures = {"packed_useful_vs_stream_tokens_per_s": statistics.median(per_round)}
     section: dict[str, Any] = {
@@ -140,7 +184,9 @@ def main() -> int:
             "packed_useful_tokens_per_s": rates["packed"],
             "stream_tokens_per_s": rates["stream"],
             "per_round": per_round,
+            "paired": paired,
             "rounds": args.rounds,
+            "pairs": args.pairs,
             "conversations": len(examples),
             "conversation_tokens": int(sum(tokens.size for tokens, _ in examples)),
             "llama": hf_bench.LLAMA,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import ROOT
 from trainer import data, packing
@@ -31,3 +32,31 @@ def test_useful_tokens_are_the_rows_non_padding_tokens(
     )
     assert packing_bench.useful_tokens(packed, steps) == 3 * 2 * 128 - padding
     assert 0.5 < packing_bench.fill(packed) <= 1.0
+
+
+def test_paired_steps_time_each_side_once_per_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    packing_bench = importlib.import_module("packing_bench")
+    hf_bench = packing_bench.hf_bench
+    tiny = {
+        **hf_bench.LLAMA,
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+    }
+    monkeypatch.setattr(hf_bench, "SEQ_LEN", 64)
+    monkeypatch.setattr(hf_bench, "BATCH", 2)
+    model = hf_bench.make_model(tmp_path, tiny, dtype=torch.float32, max_shard_bytes=1 << 20)
+    packed, stream = packing_bench.write_both(
+        tmp_path, packing_bench.conversations(80, vocab=64), vocab=64
+    )
+    paired = packing_bench.paired_steps(model, packed, stream, pairs=3)
+    assert {name: len(s) for name, s in paired["seconds"].items()} == {"packed": 3, "stream": 3}
+    low, high = paired["quartiles"]
+    assert 0 < low <= paired["ratio"] <= high
