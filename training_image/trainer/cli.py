@@ -272,7 +272,11 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         help="steps between eval losses on the held-out split; 0 (default) = no eval",
     )
     run.add_argument(
-        "--eval-batches", type=int, default=d.eval_batches, help="held-out batches per eval"
+        "--eval-batches",
+        type=int,
+        default=d.eval_batches,
+        help="held-out batches per eval of a token stream (--format text); data of examples "
+        "evaluates every held-out example",
     )
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument(

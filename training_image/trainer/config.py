@@ -169,7 +169,8 @@ class TrainConfig:
     warm-up 10% of the run's steps capped at 100, cosine decay to 10% of the peak, AdamW
     (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
     shards checked by header and size (``verify_data``: also every shard's SHA-256), no eval
-    (``eval_every`` 0; when on, the mean loss of ``eval_batches`` (8) held-out batches).
+    (``eval_every`` 0; when on, the mean loss over every held-out example of data of examples,
+    or of ``eval_batches`` (8) held-out batches of a token stream).
 
     ``model_dir`` (a Hugging Face model directory) replaces the preset: the architecture comes
     from its ``config.json`` and the first weights from its safetensors; micro batch, learning
