@@ -86,7 +86,9 @@ def test_loss_is_the_mean_over_trained_targets(tmp_path: Path) -> None:
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
 
 
-def test_a_step_with_every_target_masked_trains_without_nan(tmp_path: Path) -> None:
+def test_a_step_with_every_target_masked_trains_without_nan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tokens = np.arange(400) % 256
     mask = np.zeros(400, dtype=np.uint8)
     root = _masked_dataset(tmp_path / "d", tokens, mask, eval_fraction=0)
@@ -101,6 +103,8 @@ def test_a_step_with_every_target_masked_trains_without_nan(tmp_path: Path) -> N
     )
     result = train(cfg)
     assert result.last_loss == 0.0
+    # A masked stream is conversations prepared before they were kept whole: the run says so.
+    assert "is a masked token stream" in capsys.readouterr().err
     state = torch.load(tmp_path / "ck" / "step_00000002" / "state.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 

@@ -204,6 +204,18 @@ def data_summary(sampler: Sampler, held_out: Sampler | None) -> dict[str, object
     return summary
 
 
+def _stream_note(dataset: Dataset) -> str:
+    """For a masked token stream (conversations prepared before examples were kept whole), that
+    it trains in windows across conversations; nothing for other streams."""
+    if dataset.masks is None:
+        return ""
+    return (
+        f"data: {dataset.root} is a masked token stream (conversations prepared before manifest "
+        "format 3): its windows run across conversations; prepare it again for rows of whole "
+        "conversations"
+    )
+
+
 def _data_line(summary: dict[str, object]) -> str:
     """One line of :func:`data_summary` for the run's log."""
     train = summary["train"]
@@ -401,8 +413,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     held_out = eval_sampler(cfg, dataset, ranks)
     max_steps = total_steps(cfg, sampler)
     data = data_summary(sampler, held_out)
-    if data is not None and ranks.is_main:
-        print(_data_line(data), file=sys.stderr)
+    if ranks.is_main:
+        note = _data_line(data) if data is not None else _stream_note(dataset)
+        if note:
+            print(note, file=sys.stderr)
 
     model, forward = build_model(
         cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
