@@ -41,9 +41,9 @@ def test_metrics_read_keeps_the_last_record_of_a_repeated_step(tmp_path: Path) -
 
 def test_run_validates_before_training(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="checkpoint_every needs checkpoint_dir"):
-        cli.main(["run", "--data", str(tmp_path), "--checkpoint-every", "5"])
+        cli.main(["run", "--data", str(tmp_path), "--checkpoint-every", "5", "--debug"])
     with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
-        cli.main(["run", "--data", str(tmp_path), "--max-steps", "0"])
+        cli.main(["run", "--data", str(tmp_path), "--max-steps", "0", "--debug"])
 
 
 def test_verify_data_is_off_unless_asked() -> None:
@@ -72,7 +72,7 @@ def test_compile_stops_before_compiling_when_memory_is_short(
     )
     assert code == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: compiling needs 1000000000.0 GiB of host memory")
+    assert err.startswith("trn-train: error: compiling needs 1000000000.0 GiB of host memory")
     assert "GiB is available (" in err
 
 

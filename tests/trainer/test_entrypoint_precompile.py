@@ -41,5 +41,5 @@ def test_a_failing_precompile_pass_stops_the_job_with_its_status(tmp_path: Path)
     # torchrun's status for a failed worker; one torchrun run (the pre-pass), one failure.
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("Root Cause (first observed failure)") == 1
-    assert done.stderr.count(f"trainer.data.ShardError: shard {missing}/manifest.json") == 1
+    assert done.stderr.count(f"trn-train: error: shard {missing}/manifest.json: missing") == 1
     assert not (tmp_path / "m.jsonl").exists() and not (tmp_path / "ck").exists()

@@ -61,8 +61,7 @@ def test_learning_rate_flags_reach_every_step(
 @pytest.mark.parametrize(("max_steps", "warmup"), [(20, 2), (999, 99), (5000, 100), (5, 0)])
 def test_default_warmup_is_a_tenth_of_the_run_capped_at_100(max_steps: int, warmup: int) -> None:
     args = cli._parser().parse_args(["run", "--data", "d", "--max-steps", str(max_steps)])
-    options = {k: v for k, v in vars(args).items() if k != "command"}
-    assert TrainConfig(**options).warmup == warmup
+    assert cli.train_config(args).warmup == warmup
 
 
 def _grad_norm(optimizer: torch.optim.Optimizer) -> float:
@@ -109,7 +108,7 @@ def test_keep_checkpoints_keeps_the_newest(corpus_dir: Path, tmp_path: Path) -> 
 
 def test_keep_checkpoints_below_1_is_refused(corpus_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^keep_checkpoints must be >= 1, got 0$"):
-        run(corpus_dir, tmp_path, "--keep-checkpoints", "0")
+        run(corpus_dir, tmp_path, "--keep-checkpoints", "0", "--debug")
 
 
 @pytest.fixture

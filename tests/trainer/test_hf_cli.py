@@ -90,9 +90,9 @@ def test_resume_with_another_model_or_length_is_refused(corpus_dir: Path, tmp_pa
         RunConfigError,
         match=f"model '{hf.fingerprint(source)}' in the checkpoint, '{hf.fingerprint(other)}' now",
     ):
-        cli.main(_run(other, corpus_dir, ck, "--max-steps", "4"))
+        cli.main([*_run(other, corpus_dir, ck, "--max-steps", "4"), "--debug"])
     with pytest.raises(RunConfigError, match="seq_len 16 in the checkpoint, 8 now"):
-        cli.main([*_run(source, corpus_dir, ck, "--max-steps", "2"), "--seq-len", "8"])
+        cli.main([*_run(source, corpus_dir, ck, "--max-steps", "2"), "--seq-len", "8", "--debug"])
     preset_run = [
         "run",
         "--data",
@@ -108,29 +108,29 @@ def test_resume_with_another_model_or_length_is_refused(corpus_dir: Path, tmp_pa
     with pytest.raises(
         RunConfigError, match=f"model '{hf.fingerprint(source)}' in the checkpoint, None now"
     ):
-        cli.main(preset_run)
+        cli.main([*preset_run, "--debug"])
 
 
 def test_run_flags_are_checked_before_training(tmp_path: Path, corpus_dir: Path) -> None:
     source = hf_tiny.model_dir(tmp_path)
     ck = tmp_path / "ck"
     with pytest.raises(ValueError, match=r"--preset tiny and --model .* exclude each other"):
-        cli.main([*_run(source, corpus_dir, ck), "--preset", "tiny"])
+        cli.main([*_run(source, corpus_dir, ck), "--preset", "tiny", "--debug"])
     with pytest.raises(
         hf.HFConfigError, match="seq_len 65 must be between 1 and max_position_embeddings 64"
     ):
-        cli.main([*_run(source, corpus_dir, ck), "--seq-len", "65"])
+        cli.main([*_run(source, corpus_dir, ck), "--seq-len", "65", "--debug"])
     with pytest.raises(
         ValueError, match=re.escape("seq_len must be >= 0 (0: the default), got -1")
     ):
-        cli.main([*_run(source, corpus_dir, ck), "--seq-len", "-1"])
+        cli.main([*_run(source, corpus_dir, ck), "--seq-len", "-1", "--debug"])
     small_vocab = hf_tiny.model_dir(tmp_path, vocab_size=128)
     with pytest.raises(
         ValueError,
         match=rf"data vocabulary 256 .* exceeds model '{re.escape(str(small_vocab))}' "
         "vocabulary 128",
     ):
-        cli.main(_run(small_vocab, corpus_dir, ck))
+        cli.main([*_run(small_vocab, corpus_dir, ck), "--debug"])
     assert not list(ck.glob("step_*"))
 
 

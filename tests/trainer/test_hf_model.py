@@ -269,6 +269,14 @@ def test_seq_len_beyond_max_positions_and_missing_files_are_named(tmp_path: Path
         hf.HFConfigError, match="seq_len 129 must be between 1 and max_position_embeddings 128"
     ):
         hf.parse_config(BASE, seq_len=129)
+    with pytest.raises(hf.HFConfigError, match=r"model directory .*/absent does not exist"):
+        hf.model_config(tmp_path / "absent")
+    with pytest.raises(hf.HFConfigError, match=r"holds no config.json: not a Hugging Face model"):
+        hf.model_config(tmp_path)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(hf.HFConfigError, match=r"is a PEFT adapter \(adapter_config.json, no"):
+        hf.model_config(tmp_path)
+    (tmp_path / "config.json").write_text("{")
     with pytest.raises(
         hf.HFConfigError, match=re.escape("config.json: cannot read a Hugging Face model config")
     ):

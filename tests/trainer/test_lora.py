@@ -118,9 +118,9 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
             "'v_proj', 'o_proj']} in the checkpoint, {'rank': 3,"
         ),
     ):
-        cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"))
+        cli.main([*_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"), "--debug"])
     with pytest.raises(RunConfigError, match=r"lora \{.*\} in the checkpoint, None now"):
-        cli.main(_run(source, corpus_dir, tmp_path / "straight", *args[:4]))
+        cli.main([*_run(source, corpus_dir, tmp_path / "straight", *args[:4]), "--debug"])
     # The checkpoint holds the adapters only: another base model is refused by name.
     other = hf_tiny.model_dir(tmp_path, "llama", seed=1)
     with pytest.raises(
@@ -130,19 +130,19 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
             f"'{hf.fingerprint(source)}', and this run's --model has '{hf.fingerprint(other)}'"
         ),
     ):
-        cli.main(_run(other, corpus_dir, tmp_path / "straight", *args))
+        cli.main([*_run(other, corpus_dir, tmp_path / "straight", *args), "--debug"])
     # Merging reads the base weights, which must be the ones the adapters were trained on.
     merge = ["export", "--checkpoint-dir", str(tmp_path / "straight"), "--merge-lora", "--out"]
     shutil.copytree(other, source, dirs_exist_ok=True)
     with pytest.raises(CheckpointError, match=r"--merge-lora: base model .* has fingerprint"):
-        cli.main([*merge, str(tmp_path / "m1")])
+        cli.main([*merge, str(tmp_path / "m1"), "--debug"])
     shutil.rmtree(source)
     with pytest.raises(CheckpointError, match=r"holds LoRA adapters only and its base model"):
-        cli.main([*merge, str(tmp_path / "m2")])
+        cli.main([*merge, str(tmp_path / "m2"), "--debug"])
 
 
 def test_exported_adapter_loads_with_peft_and_merges_like_it(
-    corpus_dir: Path, tmp_path: Path
+    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = hf_tiny.model_dir(tmp_path, "qwen3", tie_word_embeddings=True)
     ck = tmp_path / "ck"
@@ -170,6 +170,20 @@ def test_exported_adapter_loads_with_peft_and_merges_like_it(
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=_tokens()).logits, ours, rtol=1e-5, atol=1e-5)
     assert (tmp_path / "m" / "tokenizer.json").is_file()
+
+    # score of the adapter directory loads its base and the adapter: the merged model's loss.
+    (tmp_path / "t.json").write_text(json.dumps(_tokens().tolist()))
+    scores = []
+    for model in ("m", "ad"):
+        capsys.readouterr()
+        assert (
+            cli.main(
+                ["score", "--model", str(tmp_path / model), "--tokens", str(tmp_path / "t.json")]
+            )
+            == 0
+        )
+        scores.append(json.loads(capsys.readouterr().out)["loss"])
+    assert scores[1] == pytest.approx(scores[0], rel=1e-5)
 
 
 def test_trnctl_s_lora_arguments_make_a_lora_run() -> None:
@@ -211,7 +225,7 @@ def test_lora_flag_errors_are_named(
     flags: list[str], message: str, tiny: Path, corpus_dir: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        cli.main([*_run(tiny, corpus_dir, tmp_path / "ck"), *flags])
+        cli.main([*_run(tiny, corpus_dir, tmp_path / "ck"), *flags, "--debug"])
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("step_*"))
 
 
@@ -220,10 +234,9 @@ def test_lora_needs_a_model_and_merge_needs_a_lora_run(
 ) -> None:
     preset = ["run", "--data", str(corpus_dir), "--device", "cpu", "--lora-rank", "8"]
     with pytest.raises(ValueError, match="--lora-rank 8 needs --model: LoRA fine-tunes"):
-        cli.main(preset)
+        cli.main([*preset, "--debug"])
     ck = tmp_path / "ck"
     assert cli.main(_run(tiny, corpus_dir, ck, "--max-steps", "1")) == 0
     with pytest.raises(CheckpointError, match=r"--merge-lora: checkpoint step_00000001 .* is not"):
-        cli.main(
-            ["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "o"), "--merge-lora"]
-        )
+        export = ["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "o")]
+        cli.main([*export, "--merge-lora", "--debug"])

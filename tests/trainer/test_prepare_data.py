@@ -245,14 +245,16 @@ def test_eval_fraction_out_of_range_is_refused(tmp_path: Path, fraction: float) 
 
 
 def test_cli_refuses_mixed_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["prepare-data", "--input", "x.txt", "--out", str(tmp_path)]) == 1
-    assert "error: --input needs --tokenizer" in capsys.readouterr().err
+    assert main(["prepare-data", "--input", "x.txt", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "trn-train: error: --input needs --tokenizer (the byte corpus is --corpus)\n"
+    )
     tok_dir = str(tiny_tokenizer.build(tmp_path / "tok"))
-    assert main(["prepare-data", "--tokenizer", tok_dir, "--out", str(tmp_path / "o")]) == 1
-    assert "error: --tokenizer takes --input FILE" in capsys.readouterr().err
+    assert main(["prepare-data", "--tokenizer", tok_dir, "--out", str(tmp_path / "o")]) == 2
+    assert "trn-train: error: --tokenizer takes --input FILE" in capsys.readouterr().err
     bad = _write_lines(tmp_path / "bad.jsonl", [{"messages": [{"role": "bot", "content": ""}]}])
     argv = ["prepare-data", "--tokenizer", tok_dir, "--input", str(bad), "--format", "chat"]
-    assert main([*argv, "--out", str(tmp_path / "o")]) == 1
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     assert "bad.jsonl:1: messages[0].role 'bot' is unknown" in capsys.readouterr().err
 
 

@@ -1,6 +1,11 @@
 """``trn-train``: prepare-data, run, compile, eval, report, and for Hugging Face models score and
 export.
 
+Errors: a mistake in the input (a flag, a model or data directory, a checkpoint that does not fit
+the run) ends the command with one line on stderr, ``trn-train: error: ...``, and exit status 2,
+as ``trnctl`` does; anything else is a bug and keeps its traceback. ``--debug`` shows the
+traceback of an input error too.
+
 ``compile`` fills the compile cache ahead of a run: the same job for a few steps, without
 checkpoints or metrics, after checking that the node's host memory holds the compilers. It runs
 where the run will, on the trn nodes: the Neuron documentation reads for this trainer describes
@@ -15,7 +20,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer.config import (
@@ -30,6 +35,8 @@ from trainer.launch import PRECOMPILE_STEPS
 # Host memory one compiling process is assumed to need when neither --compile-memory-gib nor
 # TRN_COMPILE_MEMORY_GIB says: a floor chosen for this trainer's presets, not a Neuron figure.
 DEFAULT_COMPILE_MEMORY_GIB = 8.0
+# The exit status of an input error, as argparse's own usage errors and trnctl's (USAGE).
+USAGE = 2
 
 
 def _positive_gib(text: str) -> float:
@@ -105,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("metrics")
     rep.add_argument("--out", required=True)
     _add_hf_commands(sub)
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug",
+            action="store_true",
+            help="show the traceback of an input error (by default: one line, exit status 2)",
+        )
     return p
 
 
@@ -159,7 +172,13 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "score",
         help="mean next-token cross-entropy (FP32, CPU) of a Hugging Face model on token ids",
     )
-    score.add_argument("--model", required=True, help="Hugging Face model directory")
+    score.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face model directory, or a PEFT LoRA adapter directory (scored on its base "
+        "model: --base-model, default its base_model_name_or_path)",
+    )
+    score.add_argument("--base-model", help="with an adapter --model: its base model directory")
     score.add_argument(
         "--tokens", required=True, help="JSON file: a list of equal-length lists of token ids"
     )
@@ -301,23 +320,54 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``trn-train``; returns the exit status (0 also after a SIGTERM checkpoint)."""
+    """Entry point of ``trn-train``; returns the exit status (0 also after a SIGTERM checkpoint;
+    :data:`USAGE` after an input error, see :func:`input_error`)."""
     args = _parser().parse_args(argv)
-    if args.command == "prepare-data":
-        return _prepare_data(args)
-    if args.command == "report":
-        from trainer import report
+    try:
+        return _command(args)
+    except Exception as error:
+        if args.debug or not input_error(error):
+            raise
+        print(f"trn-train: error: {one_line(error)}", file=sys.stderr)
+        return USAGE
 
-        print(report.plot(args.metrics, args.out))
-        return 0
 
-    if args.command == "compile":
-        return _compile(args)
-    if args.command in ("score", "export"):
-        return _hf_command(args)
-    if args.command == "eval":
-        return _evaluate(args)
+def input_error(error: BaseException) -> bool:
+    """Whether ``error`` reports a mistake in the input rather than a bug: every check of flags,
+    files and directories raises ``ValueError`` (or a subclass: config, shard, tokenizer and
+    resume errors), a checkpoint that cannot be read raises ``CheckpointError``."""
+    checkpoint = sys.modules.get("trainer.checkpoint")  # not imported: not one of its errors
+    return isinstance(error, ValueError) or (
+        checkpoint is not None and isinstance(error, checkpoint.CheckpointError)
+    )
 
+
+def one_line(error: BaseException) -> str:
+    """``error``'s message on one line (an embedded library message may hold newlines)."""
+    return " ".join(str(error).split())
+
+
+def _command(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "prepare-data": _prepare_data,
+        "report": _report,
+        "compile": _compile,
+        "score": _hf_command,
+        "export": _hf_command,
+        "eval": _evaluate,
+        "run": _run,
+    }
+    return commands[args.command](args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from trainer import report
+
+    print(report.plot(args.metrics, args.out))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     from trainer.loop import train
 
     result = train(train_config(args))
@@ -341,7 +391,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     Raises:
         ValueError: both --preset and --model were given.
     """
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "compile_memory_gib")}
+    cli_only = ("command", "compile_memory_gib", "debug")
+    options = {k: v for k, v in vars(args).items() if k not in cli_only}
     if options["preset"] is None:
         options["preset"] = TrainConfig.preset
     elif options["model_dir"]:
@@ -355,10 +406,10 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _hf_command(args: argparse.Namespace) -> int:
     """``score`` prints {"loss": L, "tokens": N} (see :func:`trainer.hf.score`); ``export``
     prints the written directory's files."""
-    from trainer import hf, hf_export
+    from trainer import hf_export
 
     if args.command == "score":
-        loss, tokens = hf.score(args.model, args.tokens)
+        loss, tokens = _score(args.model, args.tokens, args.base_model)
         print(json.dumps({"loss": loss, "tokens": tokens}))
         return 0
     written = hf_export.export_checkpoint(
@@ -372,37 +423,62 @@ def _hf_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score(model: str, tokens: str, base_model: str | None) -> tuple[float, int]:
+    """``score``: of a model directory, or of a PEFT adapter directory on its base model.
+
+    Raises:
+        ValueError: the adapter's base model is not a local directory, or see
+            :func:`trainer.hf.score` and :func:`trainer.lora.read_adapter`.
+    """
+    from trainer import hf, lora
+
+    root = Path(model)
+    if (root / hf.CONFIG).is_file() or not (root / hf.ADAPTER_CONFIG).is_file():
+        return hf.score(root, tokens)
+    adapter = lora.read_adapter(root)
+    base = base_model or adapter.base_model
+    if not Path(base).is_dir():
+        raise ValueError(
+            f"score --model {model} is a PEFT adapter, and its base model {base!r} is not a "
+            "directory here: give the base model's directory with --base-model DIR"
+        )
+    return hf.score(base, tokens, adapt=adapter.apply_to)
+
+
 def _prepare_data(args: argparse.Namespace) -> int:
-    """``trn-train prepare-data``; returns 1, after one line on stderr, for bad input."""
+    """``trn-train prepare-data``.
+
+    Raises:
+        ValueError: flags that do not go together, or bad input (see
+            :func:`trainer.tokenizing.prepare`); a corpus directory without ``.txt`` files.
+    """
     from trainer import data
 
     if args.tokenizer is None:
         if args.input is not None:
-            print("error: --input needs --tokenizer (the byte corpus is --corpus)", file=sys.stderr)
-            return 1
+            raise ValueError("--input needs --tokenizer (the byte corpus is --corpus)")
         corpus = Path(args.corpus) if args.corpus else data.DEFAULT_CORPUS
-        manifest = data.prepare_corpus(
-            Path(args.out), corpus, shard_tokens=args.shard_tokens or 1 << 16
-        )
+        try:
+            manifest = data.prepare_corpus(
+                Path(args.out), corpus, shard_tokens=args.shard_tokens or 1 << 16
+            )
+        except FileNotFoundError as error:
+            raise ValueError(f"--corpus: {error}") from error
     else:
         from trainer import tokenizing
 
-        try:
-            if args.input is None or args.corpus is not None:
-                raise ValueError("--tokenizer takes --input FILE (and --format), not --corpus")
-            manifest = tokenizing.prepare(
-                Path(args.out),
-                args.tokenizer,
-                Path(args.input),
-                args.format,
-                eval_fraction=args.eval_fraction,
-                eval_input=None if args.eval_input is None else Path(args.eval_input),
-                seq_len=args.seq_len,
-                shard_tokens=args.shard_tokens or 1 << 24,
-            )
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 1
+        if args.input is None or args.corpus is not None:
+            raise ValueError("--tokenizer takes --input FILE (and --format), not --corpus")
+        manifest = tokenizing.prepare(
+            Path(args.out),
+            args.tokenizer,
+            Path(args.input),
+            args.format,
+            eval_fraction=args.eval_fraction,
+            eval_input=None if args.eval_input is None else Path(args.eval_input),
+            seq_len=args.seq_len,
+            shard_tokens=args.shard_tokens or 1 << 24,
+        )
     print(data.summary(manifest, args.out))
     return 0
 
@@ -438,7 +514,7 @@ def _compile(args: argparse.Namespace) -> int:
     try:
         hostmem.check_for_compile(args.compile_memory_gib, ranks_on_node, hostmem.available())
     except hostmem.CompileMemoryError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"trn-train: error: {error}", file=sys.stderr)
         return 1
     from trainer.loop import train
 

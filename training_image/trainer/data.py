@@ -567,6 +567,10 @@ def open_dataset(root: str | Path, *, verify: bool = True) -> Dataset:
         ShardError: the manifest or a shard is missing or wrong; the message names the shard.
     """
     root = Path(root)
+    if not (root / MANIFEST).is_file():
+        raise ShardError(
+            str(root / MANIFEST), "missing: not a directory made by `trn-train prepare-data`"
+        )
     try:
         raw_manifest = (root / MANIFEST).read_bytes()
         manifest = json.loads(raw_manifest)

@@ -41,6 +41,8 @@ from trn_catalog import hf_models
 CONFIG = hf_models.CONFIG_FILE
 SINGLE = hf_models.WEIGHTS_FILE
 INDEX = hf_models.WEIGHTS_INDEX_FILE
+# A PEFT adapter directory's config (peft/utils/constants.py CONFIG_NAME at 0.21.2).
+ADAPTER_CONFIG = "adapter_config.json"
 # Files of a model directory that a checkpoint carries so that export needs nothing else: the
 # config and generation defaults, and the tokenizer files of the formats transformers reads.
 CARRIED = (
@@ -148,9 +150,24 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     """``config.json`` of ``model_dir`` as a dict.
 
     Raises:
-        HFConfigError: the file is missing or is not a JSON object.
+        HFConfigError: the directory does not exist, holds no ``config.json`` (a PEFT adapter
+            directory is named as such), or the file is not a JSON object.
     """
-    path = Path(model_dir) / CONFIG
+    root = Path(model_dir)
+    path = root / CONFIG
+    if not root.is_dir():
+        raise HFConfigError(f"model directory {root} does not exist")
+    if not path.is_file() and (root / ADAPTER_CONFIG).is_file():
+        raise HFConfigError(
+            f"{root} is a PEFT adapter ({ADAPTER_CONFIG}, no {CONFIG}), not a model: give its "
+            "base model's directory (base_model_name_or_path in its adapter_config.json), or a "
+            "model with the adapter merged (trn-train export --merge-lora)"
+        )
+    if not path.is_file():
+        raise HFConfigError(
+            f"{root} holds no {CONFIG}: not a Hugging Face model directory (config.json, "
+            "safetensors weights, tokenizer files)"
+        )
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -588,6 +605,18 @@ def fingerprint(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+def check_empty_out(out: str | Path) -> Path:
+    """``out`` as a path, when it is a new or empty directory to export into.
+
+    Raises:
+        ValueError: ``out`` is a file or a directory that holds something.
+    """
+    root = Path(out)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise ValueError(f"export directory {root} is not empty; choose a new or empty one")
+    return root
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -627,9 +656,7 @@ def save_pretrained(
         raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(DTYPES)}")
     cfg = parse_config(raw_config, seq_len=1)
     tensors = _to_hf(state, cfg, DTYPES[name])
-    root = Path(out)
-    if root.exists() and any(root.iterdir()):
-        raise ValueError(f"export directory {root} is not empty; choose a new or empty one")
+    root = check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     shards = _shard(tensors, max_shard_bytes)
     written = []
@@ -713,12 +740,20 @@ def read_token_file(path: str | Path) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def score(model_dir: str | Path, tokens_file: str | Path, *, batch: int = 8) -> tuple[float, int]:
+def score(
+    model_dir: str | Path,
+    tokens_file: str | Path,
+    *,
+    batch: int = 8,
+    adapt: Callable[[GPT, ModelConfig], GPT] | None = None,
+) -> tuple[float, int]:
     """The mean next-token cross-entropy (FP32, CPU) of ``model_dir``'s model over the sequences
     in ``tokens_file`` (see :func:`read_token_file`), and the number of tokens it averages:
     every position but each sequence's first is predicted from those before it, so a file of
     S sequences of L tokens counts S * (L - 1). This is the loss transformers' causal LMs return
-    with ``labels=input_ids``. Sequences go through ``batch`` (default 8) at a time.
+    with ``labels=input_ids``. Sequences go through ``batch`` (default 8) at a time. ``adapt``
+    (default none) changes the loaded model before it scores, e.g. adds a LoRA adapter
+    (:meth:`trainer.lora.PeftAdapter.apply_to`).
 
     Raises:
         ScoreInputError: the token file is malformed or holds an id outside the vocabulary.
@@ -733,7 +768,8 @@ def score(model_dir: str | Path, tokens_file: str | Path, *, batch: int = 8) -> 
             f"{tokens_file}: token id {int(tokens.max())} is outside the model's vocabulary "
             f"(vocab_size {cfg.vocab_size})"
         )
-    model = load_pretrained(model_dir, cfg).eval()
+    model = load_pretrained(model_dir, cfg)
+    model = (model if adapt is None else adapt(model, cfg)).eval()
     total = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for chunk in torch.split(tokens, batch):

@@ -34,10 +34,12 @@ def export_checkpoint(
         CheckpointError: no valid checkpoint there, the newest was not saved by a run from a
             model directory (it carries no ``config.json``), or ``merge_lora`` for a checkpoint
             of a run without LoRA.
-        ValueError: see :func:`trainer.hf.save_pretrained`.
+        ValueError: ``out`` is not a new or empty directory; see
+            :func:`trainer.hf.save_pretrained`.
     """
     if not checkpoint_dir.startswith("s3://") and not Path(checkpoint_dir).is_dir():
         raise CheckpointError(f"checkpoint directory {checkpoint_dir} does not exist")
+    hf.check_empty_out(out)  # before reading a checkpoint that may be gigabytes
     checkpointer = Checkpointer(open_store(checkpoint_dir))
     try:
         return _export(checkpointer, checkpoint_dir, out, dtype, max_shard_bytes, merge_lora)

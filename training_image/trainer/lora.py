@@ -24,18 +24,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trainer import hf
 from trainer.config import ModelConfig
+from trainer.model import GPT
 
 # The Hugging Face module names an adapter may target, and those targeted without --lora-targets.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # PEFT's file names and the prefix of its saved adapter tensors (peft/utils/constants.py,
 # peft/utils/save_and_load.py at 0.21.2).
-ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_CONFIG = hf.ADAPTER_CONFIG
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
@@ -227,9 +228,7 @@ def save_adapter(
         if ours not in state:
             raise ValueError(f"the checkpoint's model state lacks the adapter {ours}")
         tensors[theirs] = state[ours].to(dtype=hf.DTYPES[name], copy=True).contiguous()
-    root = Path(out)
-    if root.exists() and any(root.iterdir()):
-        raise ValueError(f"export directory {root} is not empty; choose a new or empty one")
+    root = hf.check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(root / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     alpha: float | int = int(lora.alpha) if lora.alpha.is_integer() else lora.alpha
@@ -251,3 +250,82 @@ def save_adapter(
     }
     (root / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return [ADAPTER_WEIGHTS, ADAPTER_CONFIG]
+
+
+# adapter_config.json fields whose PEFT defaults are the only values this trainer implements
+# (LoraConfig at 0.21.2); an adapter with another value would compute something else here.
+_PEFT_FIXED: Mapping[str, object] = {
+    "bias": "none",
+    "use_rslora": False,
+    "use_dora": False,
+    "fan_in_fan_out": False,
+    "modules_to_save": None,
+    "layers_to_transform": None,
+}
+
+
+@dataclass(frozen=True)
+class PeftAdapter:
+    """A PEFT LoRA adapter directory read back: its :class:`LoraSpec`, its tensors under PEFT's
+    names and its ``base_model_name_or_path``."""
+
+    spec: LoraSpec
+    tensors: Mapping[str, torch.Tensor]
+    base_model: str
+
+    def apply_to(self, model: GPT, cfg: ModelConfig) -> GPT:
+        """``model`` (of ``cfg``) with this adapter's layers and weights (see :func:`apply`).
+
+        Raises:
+            ValueError: the adapter's tensors are not those of ``cfg``'s model.
+        """
+        apply(model, cfg, self.spec)
+        names = peft_names(cfg, self.spec)
+        if set(names.values()) != set(self.tensors):
+            raise ValueError(
+                f"the adapter's tensors do not fit the base model: it has {len(self.tensors)}, "
+                f"a rank-{self.spec.rank} adapter on {', '.join(self.spec.targets)} of this "
+                f"model has {len(names)}"
+            )
+        state = {ours: self.tensors[theirs] for ours, theirs in names.items()}
+        model.load_state_dict(state, strict=False, assign=False)
+        return model
+
+
+def read_adapter(directory: str | Path) -> PeftAdapter:
+    """The PEFT LoRA adapter in ``directory`` (``adapter_config.json`` and
+    ``adapter_model.safetensors``, as :func:`save_adapter` or PEFT writes them).
+
+    Raises:
+        ValueError: a file is missing or unreadable, or the adapter is not a plain LoRA adapter
+            on the modules of :data:`TARGETS` (the message names the field).
+    """
+    root = Path(directory)
+    try:
+        config = json.loads((root / ADAPTER_CONFIG).read_text())
+        tensors = load_file(str(root / ADAPTER_WEIGHTS))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{root}: not a readable PEFT adapter ({error})") from error
+    where = root / ADAPTER_CONFIG
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{where}: peft_type {config.get('peft_type')!r}; allowed: 'LORA'")
+    for field, value in _PEFT_FIXED.items():
+        if config.get(field, value) not in (value, [], {}):
+            raise ValueError(
+                f"{where}: {field} {config[field]!r} is not supported; allowed: {value!r}"
+            )
+    targets = (
+        TARGETS if config.get("target_modules") == "all-linear" else config.get("target_modules")
+    )
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(targets, list | tuple) or not targets or not set(targets) <= set(TARGETS):
+        raise ValueError(
+            f"{where}: target_modules {targets!r} is not supported; allowed: 'all-linear' or a "
+            f"list of {', '.join(TARGETS)}"
+        )
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"{where}: r {rank!r} must be an integer >= 1")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < math.inf:
+        raise ValueError(f"{where}: lora_alpha {alpha!r} must be a number above 0")
+    spec = LoraSpec(rank, float(alpha), tuple(t for t in TARGETS if t in targets))
+    return PeftAdapter(spec, tensors, str(config.get("base_model_name_or_path") or ""))

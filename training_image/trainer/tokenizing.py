@@ -67,11 +67,11 @@ class HfTokenizer:
     """
 
     def __init__(self, directory: str | Path) -> None:
-        from transformers import AutoTokenizer
-
         self.directory = Path(directory)
         if not self.directory.is_dir():
             raise InputError(f"--tokenizer {str(directory)!r} is not a directory")
+        from transformers import AutoTokenizer  # seconds to import: after the cheap check
+
         try:
             self.tok: Any = AutoTokenizer.from_pretrained(
                 str(self.directory), local_files_only=True
