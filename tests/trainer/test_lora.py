@@ -114,8 +114,8 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
     with pytest.raises(
         RunConfigError,
         match=re.escape(
-            "lora {'rank': 2, 'alpha': 2.0, 'targets': ['q_proj', 'k_proj', "
-            "'v_proj', 'o_proj']} in the checkpoint, {'rank': 3,"
+            "lora {'rank': 2, 'alpha': 2.0, 'targets': ['q_proj', 'k_proj', 'v_proj', "
+            "'o_proj', 'gate_proj', 'up_proj', 'down_proj']} in the checkpoint, {'rank': 3,"
         ),
     ):
         cli.main([*_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"), "--debug"])

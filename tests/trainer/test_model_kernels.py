@@ -204,7 +204,7 @@ def test_the_model_uses_swiglu_and_cross_entropy_kernels_in_eager_cpu_fp32() -> 
         (True, False, ()),
         (False, False, ()),
         (False, True, ()),
-        (False, False, lora.DEFAULT_TARGETS),
+        (False, False, ("q_proj", "k_proj", "v_proj", "o_proj")),
         (False, False, ("gate_proj", "down_proj")),
     ],
 )

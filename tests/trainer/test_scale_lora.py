@@ -28,7 +28,8 @@ def test_lora_mfu_counts_the_flops_done(corpus_dir: Path, tmp_path: Path) -> Non
     source = hf_tiny.model_dir(tmp_path, "llama")
     run = hf_tiny.run_args(source, corpus_dir, tmp_path / "ck", lr="1e-3", max_steps="1")
     out = tmp_path / "m.jsonl"
-    cfg = cli.train_config(cli._parser().parse_args([*run, "--lora-rank", "4"]))
+    attention = ["--lora-targets", "q_proj,k_proj,v_proj,o_proj"]
+    cfg = cli.train_config(cli._parser().parse_args([*run, "--lora-rank", "4", *attention]))
     train(dataclasses.replace(cfg, metrics=str(out), peak_flops=1e9))
     (record,) = metrics.read(out)
     assert record["mfu"] == pytest.approx(record["tokens_per_s"] * 117888 / 1e9, rel=1e-9)

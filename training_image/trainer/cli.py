@@ -232,7 +232,7 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         "--lora-targets",
         default=d.lora_targets,
         help="comma list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
-        "default: q_proj,k_proj,v_proj,o_proj",
+        "default: all of them",
     )
     run.add_argument(
         "--seq-len",
@@ -269,7 +269,18 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--micro-batch", type=int, default=d.micro_batch, help="per rank; 0 = preset")
     run.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    run.add_argument("--lr", type=float, default=d.lr, help="peak; 0 = preset")
+    run.add_argument(
+        "--lr",
+        type=float,
+        default=d.lr,
+        help="peak; 0 = the preset's, with --model 2e-5, with --lora-rank 2e-4",
+    )
+    run.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help="AdamW's, on matrices; default 0.1, with --lora-rank 0.0",
+    )
     run.add_argument(
         "--warmup-steps",
         type=int,

@@ -138,6 +138,15 @@ PRESETS: dict[str, Preset] = {
 # learning rate (our choice, the order of magnitude published full fine-tunes of Llama-family
 # models use) and FSDP, which shards a model of any size (one rank trains it unwrapped).
 MODEL_DEFAULTS = RunDefaults(micro_batch=1, parallel="fsdp", lr=2e-5)
+# A LoRA run's learning rate: ten times full fine-tuning's, as TRL recommends for SFT (its
+# docs/source/peft_integration.md at v1.9.0: 2.0e-5 full, 2.0e-4 with LoRA); at the full rate
+# the adapters barely move.
+LORA_LR = 2e-4
+# AdamW's weight decay on matrices: 0.1 for full training (nanoGPT's and the presets'); none on
+# LoRA adapters, transformers' Trainer default (TrainingArguments.weight_decay 0.0 at 5.23.0),
+# which PEFT's and TRL's LoRA examples keep.
+WEIGHT_DECAY = 0.1
+LORA_WEIGHT_DECAY = 0.0
 # The sequence length of a --model run without --seq-len, capped at max_position_embeddings.
 MODEL_SEQ_LEN = 2048
 # Steps of a run given neither max_steps nor epochs.
@@ -167,7 +176,8 @@ class TrainConfig:
     epochs of a dataset of examples (the steps then come from the data: each epoch's packed
     rows over the global batch; the two exclude each other),
     warm-up 10% of the run's steps capped at 100, cosine decay to 10% of the peak, AdamW
-    (0.9, 0.95), weight decay 0.1, gradient clipping at 1.0, keep the last 3 checkpoints,
+    (0.9, 0.95), weight decay (``weight_decay`` None: :data:`WEIGHT_DECAY`, with LoRA
+    :data:`LORA_WEIGHT_DECAY`), gradient clipping at 1.0, keep the last 3 checkpoints,
     shards checked by header and size (``verify_data``: also every shard's SHA-256), no eval
     (``eval_every`` 0; when on, the mean loss over every held-out example of data of examples,
     or of ``eval_batches`` (8) held-out batches of a token stream).
@@ -179,9 +189,10 @@ class TrainConfig:
     ``max_position_embeddings``.
 
     ``lora_rank`` (default None: full fine-tuning) trains LoRA adapters of that rank on the
-    ``model_dir`` model's ``lora_targets`` (a comma list; default q, k, v and o projections)
-    with its weights frozen, scaled by ``lora_alpha / lora_rank`` (``lora_alpha`` defaults to
-    the rank); see :mod:`trainer.lora`.
+    ``model_dir`` model's ``lora_targets`` (a comma list; default every linear projection of a
+    block: q, k, v, o, gate, up and down) with its weights frozen, scaled by
+    ``lora_alpha / lora_rank`` (``lora_alpha`` defaults to the rank), at a peak learning rate
+    of :data:`LORA_LR` unless ``lr`` says otherwise; see :mod:`trainer.lora`.
 
     ``activation_checkpointing``: ``on`` recomputes each transformer block's forward in backward
     instead of keeping its activations, ``off`` keeps them, ``auto`` (default) is ``on`` for
@@ -202,7 +213,7 @@ class TrainConfig:
     lr: float = 0.0
     min_lr_ratio: float = 0.1
     warmup_steps: int = -1
-    weight_decay: float = 0.1
+    weight_decay: float | None = None
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     parallel: Parallel | None = None
@@ -259,7 +270,31 @@ class TrainConfig:
 
     @property
     def peak_lr(self) -> float:
-        return self.lr or self._defaults.lr
+        if self.lr:
+            return self.lr
+        return LORA_LR if self.lora_rank is not None else self._defaults.lr
+
+    @property
+    def decay(self) -> float:
+        """AdamW's weight decay on matrices: ``weight_decay``, or the default for the run's
+        kind (:data:`WEIGHT_DECAY`; :data:`LORA_WEIGHT_DECAY` with LoRA)."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return LORA_WEIGHT_DECAY if self.lora_rank is not None else WEIGHT_DECAY
+
+    def settings(self, *, frozen_dtype: str | None) -> dict[str, object]:
+        """What the run trains with where flags may leave it to defaults, as the run prints it
+        at start and records it in its metrics header: peak learning rate, weight decay, the
+        LoRA rank, alpha and targets (None for full fine-tuning) and, with LoRA, the dtype the
+        frozen weights are kept in (``frozen_dtype``; adapters and their AdamW state are
+        FP32)."""
+        lora = self.lora
+        return {
+            "lr": self.peak_lr,
+            "weight_decay": self.decay,
+            "lora": None if lora is None else lora.as_dict(),
+            "frozen_dtype": frozen_dtype if lora is not None else None,
+        }
 
     @property
     def steps(self) -> int:
@@ -319,6 +354,8 @@ class TrainConfig:
             )
         if self.eval_every < 0:
             raise ValueError(f"eval_every must be >= 0 (0: no eval), got {self.eval_every}")
+        if self.weight_decay is not None and not 0 <= self.weight_decay < float("inf"):
+            raise ValueError(f"weight_decay must be a number >= 0, got {self.weight_decay}")
         if self.eval_batches < 1:
             raise ValueError(f"eval_batches must be >= 1, got {self.eval_batches}")
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:

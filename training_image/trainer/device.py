@@ -132,7 +132,14 @@ class Backend:
         """What the matmuls run in, for the metrics: ``fp32``, or the autocast dtype."""
         if self.autocast_dtype is None:
             return "fp32"
-        return f"{_dtype_name(self.autocast_dtype)} autocast"
+        return f"{dtype_name(self.autocast_dtype)} autocast"
+
+    def frozen_dtype(self) -> torch.dtype | None:
+        """The dtype frozen weights (LoRA's base) are kept in, None to keep them as loaded
+        (FP32): the autocast dtype where the backend autocasts (BF16 on CUDA and Neuron), whose
+        products then read the weights as they are, at half the memory; none on CPU and XLA,
+        which compute in FP32 (XLA's compiler casts on its own)."""
+        return self.autocast_dtype
 
     def peak_flops(self, *, instance_type: str) -> float | None:
         """Dense peak FLOP/s available to one rank, or None when unknown. CPU: an fp32 matmul
@@ -140,7 +147,8 @@ class Backend:
         return measured_cpu_matmul_flops()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``bf16``, ``fp16`` or torch's name of ``dtype``, as the metrics write precisions."""
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 

@@ -7,6 +7,7 @@ Reads top to bottom. Device differences live in :mod:`trainer.device`, data para
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -314,14 +315,25 @@ def _fsdp_sharded(cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backe
     return ranks.distributed and cfg.parallelism == "fsdp" and backend.reduces_in_backward
 
 
-def _initial_model(cfg: TrainConfig) -> GPT:
+def _initial_model(cfg: TrainConfig, backend: device.Backend) -> GPT:
     """The model as training starts: ``cfg.model_dir``'s weights or the preset's random ones
-    (drawn with ``cfg.seed``), with LoRA adapters when ``cfg.lora`` asks (drawn after)."""
+    (drawn with ``cfg.seed``), with LoRA adapters when ``cfg.lora`` asks (drawn after) and its
+    frozen weights in the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
     torch.manual_seed(cfg.seed)
     gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
     if cfg.lora is not None:
-        lora.apply(gpt, cfg.model, cfg.lora)  # the optimizer then sees the adapters only
+        _with_adapters(gpt, cfg, backend)
     return gpt
+
+
+def _with_adapters(gpt: GPT, cfg: TrainConfig, backend: device.Backend) -> None:
+    """``cfg.lora``'s adapters on ``gpt`` (the optimizer then sees them only) and the frozen
+    weights cast to the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
+    assert cfg.lora is not None
+    lora.apply(gpt, cfg.model, cfg.lora)
+    dtype = backend.frozen_dtype()
+    if dtype is not None:
+        lora.cast_frozen(gpt, dtype)
 
 
 def build_model(
@@ -342,7 +354,7 @@ def build_model(
     not in the state) are computed again on every rank after ``to_empty``.
     """
     if not (cfg.model_dir and _fsdp_sharded(cfg, ranks, backend)):
-        gpt = _initial_model(cfg)
+        gpt = _initial_model(cfg, backend)
         model, forward = parallel.wrap(
             backend.prepare_model(gpt),
             ranks,
@@ -353,11 +365,11 @@ def build_model(
         return model, forward
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full = _initial_model(cfg).state_dict() if ranks.is_main else {}
+    full = _initial_model(cfg, backend).state_dict() if ranks.is_main else {}
     with torch.device("meta"):
         gpt = GPT(cfg.model)
         if cfg.lora is not None:
-            lora.apply(gpt, cfg.model, cfg.lora)
+            _with_adapters(gpt, cfg, backend)
     model, forward = parallel.wrap(
         gpt, ranks, cfg.parallelism, backend, activation_checkpointing=activation_checkpointing
     )
@@ -421,7 +433,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     model, forward = build_model(
         cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
     )
-    optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.weight_decay, betas=cfg.betas)
+    optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.decay, betas=cfg.betas)
 
     checkpointer = (
         Checkpointer(
@@ -449,6 +461,10 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
     flops = flops_per_token(cfg)
+    frozen = backend.frozen_dtype()
+    settings = cfg.settings(frozen_dtype="fp32" if frozen is None else device.dtype_name(frozen))
+    if ranks.is_main:
+        print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
     header = run_header(
@@ -462,6 +478,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         global_batch_tokens=tokens_per_step,
         flops_per_token=flops,
         peak_flops_per_rank=peak,
+        settings=settings,
     )
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",

@@ -31,9 +31,12 @@ from trainer import hf
 from trainer.config import ModelConfig
 from trainer.model import GPT
 
-# The Hugging Face module names an adapter may target, and those targeted without --lora-targets.
+# The Hugging Face module names an adapter may target: every linear projection of a block.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Targeted without --lora-targets: all of them, as PEFT's target_modules="all-linear" does for
+# these models and TRL's "LoRA Without Regret" guide recommends (docs/source/
+# lora_without_regret.md at v1.9.0: attention-only LoRA underperforms even at a higher rank).
+DEFAULT_TARGETS = TARGETS
 # PEFT's file names and the prefix of its saved adapter tensors (peft/utils/constants.py,
 # peft/utils/save_and_load.py at 0.21.2).
 ADAPTER_CONFIG = hf.ADAPTER_CONFIG
@@ -152,6 +155,26 @@ def _modules(cfg: ModelConfig) -> dict[str, tuple[tuple[str, str, int], ...]]:
                 for path, (_, rows) in zip(paths, parts, strict=True)
             )
     return modules
+
+
+def cast_frozen(model: nn.Module, dtype: torch.dtype) -> int:
+    """Casts the frozen weights of ``model``'s linear layers (a :class:`LoraLinear`'s base, a
+    frozen ``nn.Linear`` such as an untied output head) to ``dtype`` in place and returns how
+    many it cast. The embedding table (also a tied head), norms and biases stay as they are,
+    so the residual stream keeps its precision; trained parameters are never cast. On
+    accelerators autocast runs the products in ``dtype`` anyway, so this halves the memory of
+    a frozen BF16 base at no cost in what the products compute."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    cast = 0
+    for module in model.modules():
+        if not isinstance(module, nn.Linear | LoraLinear):
+            continue
+        weight = module.weight
+        if weight.requires_grad or id(weight) in embeddings or weight.dtype == dtype:
+            continue
+        weight.data = weight.data.to(dtype)
+        cast += 1
+    return cast
 
 
 def apply(model: nn.Module, cfg: ModelConfig, lora: LoraSpec) -> nn.Module:

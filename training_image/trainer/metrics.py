@@ -64,12 +64,16 @@ def run_header(
     global_batch_tokens: int,
     flops_per_token: float | None,
     peak_flops_per_rank: float | None,
+    settings: Mapping[str, Any] | None = None,
     env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
     """The ``"kind": "run"`` record that opens a run's metrics (``trnctl compare`` reads it):
     what ran where, and what its MFU is computed from. ``instance_type`` is the node's
     (:func:`node_instance_type`), None outside the platform (a local run); ``started_at``
-    (timezone-aware) is written as UTC ISO-8601."""
+    (timezone-aware) is written as UTC ISO-8601; ``settings`` (default none: left out) are the
+    training settings the run took from flags and defaults (see
+    :meth:`trainer.config.TrainConfig.settings`)."""
+    optional = {} if settings is None else {"settings": dict(settings)}
     return {
         "kind": RUN,
         "instance_type": node_instance_type(env),
@@ -83,6 +87,7 @@ def run_header(
         "flops_per_token": flops_per_token,
         "peak_flops_per_rank": peak_flops_per_rank,
         "started_at": started_at.astimezone(UTC).isoformat(),
+        **optional,
     }
 
 
