@@ -43,9 +43,10 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainer import data, hf, metrics, optim
+from trainer import data, hf, metrics, optim, tokenizing
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -87,13 +88,24 @@ def make_model(
     torch.nn.Module.to(model, dtype)
     out = root / f"llama-{shape['hidden_size']}-{dtype}"
     model.save_pretrained(out, max_shard_size=max_shard_bytes)
+    # A word-level tokenizer over the vocabulary: `run --model` checks the data's against it.
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(shape["vocab_size"])}, "w0"))
+    tokenizer.save(str(out / "tokenizer.json"))
     return out
 
 
-def make_data(root: Path) -> Path:
+def make_data(root: Path, model_dir: Path) -> Path:
+    """Random tokens, recorded as tokenized with ``model_dir``'s tokenizer."""
     tokens = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], 1 << 20, dtype=np.int64)
     out = root / "data"
-    data.write_dataset(out, [tokens], vocab_size=LLAMA["vocab_size"], tokenizer="random")
+    identity = {
+        "tokenizer": f"hf:{model_dir.name}",
+        "tokenizer_sha256": tokenizing.tokenizer_sha256(model_dir),
+        "eos_token_id": 0,
+    }
+    data.write_split_dataset(
+        out, [(tokens, None)], vocab_size=LLAMA["vocab_size"], identity=identity, eval_fraction=0
+    )
     return out
 
 
@@ -216,7 +228,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = make_model(work, LLAMA, dtype=torch.float32, max_shard_bytes=8 << 20)
-        data_dir = make_data(work)
+        data_dir = make_data(work, model_dir)
         ours, theirs = [], []
         for round_ in range(args.rounds):
             # Which loop goes first alternates, so that load from elsewhere falls on both.

@@ -23,6 +23,26 @@ def corpus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def model_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped corpus as the tiny Hugging Face models' words (byte b as "w<b>"), prepared
+    with their tokenizer (tests/trainer/hf_tiny.py): the token ids of ``corpus_dir`` with an EOS
+    and a 1% held-out tail, data that ``run --model`` of a 256-word tiny model trains on."""
+    import hf_tiny
+
+    from trainer import tokenizing
+
+    root = tmp_path_factory.mktemp("model-data")
+    text = " ".join(
+        f"w{b}" for f in sorted(data.DEFAULT_CORPUS.glob("*.txt")) for b in f.read_bytes()
+    )
+    (root / "corpus.txt").write_text(text)
+    tokenizing.prepare(
+        root / "data", hf_tiny.save_tokenizer(root / "tok"), root / "corpus.txt", "text"
+    )
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
 def trainer_env() -> dict[str, str]:
     """One thread per trainer process, so two pytest workers each running a trainer do not
     oversubscribe two cores; no torchrun variables leak in."""

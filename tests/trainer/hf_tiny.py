@@ -73,7 +73,14 @@ def save(model: PreTrainedModel, out: Path, **kwargs: Any) -> Path:
     """``model`` saved to ``out`` (``kwargs`` to save_pretrained) with a word-level tokenizer over
     the model's vocabulary ("w0" ... ) and a chat template."""
     model.save_pretrained(out, **kwargs)
-    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
+    return save_tokenizer(out, model.config.vocab_size)
+
+
+def save_tokenizer(out: Path, vocab_size: int = SHAPE["vocab_size"]) -> Path:
+    """The tiny models' word-level tokenizer ("w0" ... "w<vocab_size - 1>", EOS "w1", a chat
+    template) saved into ``out``; the same files for every model of one vocabulary size."""
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {f"w{i}": i for i in range(vocab_size)}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(out / "tokenizer.json"))

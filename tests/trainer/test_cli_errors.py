@@ -15,20 +15,20 @@ import pytest
 import tiny_tokenizer
 import torch
 
-from trainer import cli, hf, lora
+from trainer import cli, hf, lora, tokenizing
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> dict[str, Path]:
+def files(tmp_path_factory: pytest.TempPathFactory, model_data: Path) -> dict[str, Path]:
     """A tiny model, a checkpoint of one step of it, an adapter of a base that is not here, a
     model directory without config.json, models this trainer does not implement, a non-empty
     directory and a chat file with a bad line."""
     root = tmp_path_factory.mktemp("errors")
     model = hf_tiny.model_dir(root)
     ck = root / "ck"
-    argv = hf_tiny.run_args(model, corpus_dir, ck, lr="1e-3", max_steps="1")
+    argv = hf_tiny.run_args(model, model_data, ck, lr="1e-3", max_steps="1")
     assert cli.main(argv) == 0
     cfg = hf.model_config(model, seq_len=hf_tiny.SEQ_LEN)
     spec = lora.LoraSpec(2, 2.0)
@@ -38,17 +38,20 @@ def files(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> dict[st
     lora.save_adapter(gpt.state_dict(), raw, spec, adapter, base_model="org/not-here")
     (root / "bare").mkdir()
     (root / "bare" / "tokenizer.json").write_text("{}")
-    for name, change in {
+    changes: dict[str, dict[str, object]] = {
         "gpt2": {"architectures": ["GPT2LMHeadModel"]},
         "gelu": {"hidden_act": "gelu"},
-    }.items():
+    }
+    for name, change in changes.items():
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps({**raw, **change}))
     (root / "full").mkdir()
     (root / "full" / "kept.txt").write_text("x")
     chat = root / "chat.jsonl"
     chat.write_text(json.dumps({"messages": [{"role": "robot", "content": "hi"}]}) + "\n")
-    tiny_tokenizer.build(root / "tok")
+    tok = tiny_tokenizer.build(root / "tok")
+    (root / "words.txt").write_text("the cat sat on a mat " * 100)
+    tokenizing.prepare(root / "other", tok, root / "words.txt", "text")
     return {"root": root, "model": model, "ck": ck, "adapter": adapter, "chat": chat}
 
 
@@ -65,6 +68,11 @@ CASES = [
     (RUN + " --model {model} --lora-rank 2 --lora-targets lm_head", "'lm_head' is not a target"),
     (RUN + " --preset tiny --model {model}", "exclude each other"),
     (RUN + " --max-steps 0", "max_steps must be >= 1, got 0"),
+    (
+        "run --model {model} --data {root}/other --device cpu",
+        "--data .*/other was tokenized with hf:tok .*, --model .* has another tokenizer",
+    ),
+    ("run --model {model} --data {corpus} --device cpu", "is the byte corpus"),
     (
         "run --data {root}/nodata --device cpu",
         "nodata/manifest.json: missing: not a directory made by `trn-train prepare-data`",
@@ -94,9 +102,14 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("command", "message"), CASES, ids=[c.split(" --")[0] for c, _ in CASES])
 def test_each_input_error_is_one_line_and_exit_status_2(
-    command: str, message: str, files: dict[str, Path], corpus_dir: Path, run_trainer: Run
+    command: str,
+    message: str,
+    files: dict[str, Path],
+    model_data: Path,
+    corpus_dir: Path,
+    run_trainer: Run,
 ) -> None:
-    done = run_trainer(*command.format(data=corpus_dir, **files).split())
+    done = run_trainer(*command.format(data=model_data, corpus=corpus_dir, **files).split())
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr

@@ -75,13 +75,13 @@ def test_adapters_start_as_peft_does_and_leave_the_model_unchanged(tiny: Path) -
 
 
 def test_step_zero_is_the_base_model_and_only_adapters_train(
-    corpus_dir: Path, tmp_path: Path
+    model_data: Path, tmp_path: Path
 ) -> None:
     source = hf_tiny.model_dir(tmp_path, "qwen2")
     log = ["--log-every", "1"]
-    full = [*_run(source, corpus_dir, tmp_path / "full", *log, "--max-steps", "1")]
+    full = [*_run(source, model_data, tmp_path / "full", *log, "--max-steps", "1")]
     assert cli.main([*full, "--metrics", str(tmp_path / "full.jsonl")]) == 0
-    tuned = [*_run(source, corpus_dir, tmp_path / "ck", *log, "--lora-rank", "4")]
+    tuned = [*_run(source, model_data, tmp_path / "ck", *log, "--lora-rank", "4")]
     assert cli.main([*tuned, "--lora-targets", ALL, "--metrics", str(tmp_path / "lora.jsonl")]) == 0
 
     first_full = metrics.read(tmp_path / "full.jsonl")[0]["loss"]
@@ -104,11 +104,11 @@ def test_step_zero_is_the_base_model_and_only_adapters_train(
     assert meta["base_model"] == str(source)
 
 
-def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path) -> None:
+def test_resume_of_a_lora_run_is_bit_identical(model_data: Path, tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path, "llama")
     args = ["--max-steps", "4", "--checkpoint-every", "2", "--lora-rank", "2"]
     hf_tiny.assert_resume_is_exact(
-        lambda ck: _run(source, corpus_dir, ck, *args), tmp_path, last=4, killed_at=2
+        lambda ck: _run(source, model_data, ck, *args), tmp_path, last=4, killed_at=2
     )
 
     with pytest.raises(
@@ -118,9 +118,9 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
             "'o_proj', 'gate_proj', 'up_proj', 'down_proj']} in the checkpoint, {'rank': 3,"
         ),
     ):
-        cli.main([*_run(source, corpus_dir, tmp_path / "straight", *args[:-1], "3"), "--debug"])
+        cli.main([*_run(source, model_data, tmp_path / "straight", *args[:-1], "3"), "--debug"])
     with pytest.raises(RunConfigError, match=r"lora \{.*\} in the checkpoint, None now"):
-        cli.main([*_run(source, corpus_dir, tmp_path / "straight", *args[:4]), "--debug"])
+        cli.main([*_run(source, model_data, tmp_path / "straight", *args[:4]), "--debug"])
     # The checkpoint holds the adapters only: another base model is refused by name.
     other = hf_tiny.model_dir(tmp_path, "llama", seed=1)
     with pytest.raises(
@@ -130,7 +130,7 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
             f"'{hf.fingerprint(source)}', and this run's --model has '{hf.fingerprint(other)}'"
         ),
     ):
-        cli.main([*_run(other, corpus_dir, tmp_path / "straight", *args), "--debug"])
+        cli.main([*_run(other, model_data, tmp_path / "straight", *args), "--debug"])
     # Merging reads the base weights, which must be the ones the adapters were trained on.
     merge = ["export", "--checkpoint-dir", str(tmp_path / "straight"), "--merge-lora", "--out"]
     shutil.copytree(other, source, dirs_exist_ok=True)
@@ -142,11 +142,11 @@ def test_resume_of_a_lora_run_is_bit_identical(corpus_dir: Path, tmp_path: Path)
 
 
 def test_exported_adapter_loads_with_peft_and_merges_like_it(
-    corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = hf_tiny.model_dir(tmp_path, "qwen3", tie_word_embeddings=True)
     ck = tmp_path / "ck"
-    run = [*_run(source, corpus_dir, ck, "--lora-rank", "4", "--lora-alpha", "6")]
+    run = [*_run(source, model_data, ck, "--lora-rank", "4", "--lora-alpha", "6")]
     assert cli.main([*run, "--lora-targets", "q_proj,v_proj,up_proj,down_proj,o_proj"]) == 0
     spec = lora.LoraSpec(4, 6.0, ("q_proj", "v_proj", "o_proj", "up_proj", "down_proj"))
     ours = _ours(source, ck, 3, spec)
@@ -222,21 +222,21 @@ def test_trnctl_s_lora_arguments_make_a_lora_run() -> None:
     ],
 )
 def test_lora_flag_errors_are_named(
-    flags: list[str], message: str, tiny: Path, corpus_dir: Path, tmp_path: Path
+    flags: list[str], message: str, tiny: Path, model_data: Path, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        cli.main([*_run(tiny, corpus_dir, tmp_path / "ck"), *flags, "--debug"])
+        cli.main([*_run(tiny, model_data, tmp_path / "ck"), *flags, "--debug"])
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("step_*"))
 
 
 def test_lora_needs_a_model_and_merge_needs_a_lora_run(
-    tiny: Path, corpus_dir: Path, tmp_path: Path
+    tiny: Path, corpus_dir: Path, model_data: Path, tmp_path: Path
 ) -> None:
     preset = ["run", "--data", str(corpus_dir), "--device", "cpu", "--lora-rank", "8"]
     with pytest.raises(ValueError, match="--lora-rank 8 needs --model: LoRA fine-tunes"):
         cli.main([*preset, "--debug"])
     ck = tmp_path / "ck"
-    assert cli.main(_run(tiny, corpus_dir, ck, "--max-steps", "1")) == 0
+    assert cli.main(_run(tiny, model_data, ck, "--max-steps", "1")) == 0
     with pytest.raises(CheckpointError, match=r"--merge-lora: checkpoint step_00000001 .* is not"):
         export = ["export", "--checkpoint-dir", str(ck), "--out", str(tmp_path / "o")]
         cli.main([*export, "--merge-lora", "--debug"])

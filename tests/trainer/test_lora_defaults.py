@@ -46,9 +46,9 @@ def test_lora_defaults_and_full_fine_tuning_defaults(tiny: Path) -> None:
 
 
 def test_a_lora_run_prints_its_settings_and_records_them(
-    tiny: Path, corpus_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny: Path, model_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = [*_run(tiny, corpus_dir, tmp_path / "ck", "--lora-rank", "2")]
+    argv = [*_run(tiny, model_data, tmp_path / "ck", "--lora-rank", "2")]
     assert cli.main([*argv, "--metrics", str(tmp_path / "m.jsonl")]) == 0
     settings = {
         "lr": 2e-4,

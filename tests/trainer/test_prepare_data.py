@@ -230,7 +230,9 @@ def test_missing_tokenizer_and_input_are_named(tmp_path: Path) -> None:
     tok_dir = tiny_tokenizer.build(tmp_path / "tok")
     with pytest.raises(tokenizing.InputError, match=r"--input '.*absent.txt' is not a file"):
         tokenizing.prepare(tmp_path / "out", tok_dir, tmp_path / "absent.txt", "text")
-    with pytest.raises(tokenizing.InputError, match=r"--format 'csv' is unknown; allowed: text"):
+    with pytest.raises(
+        tokenizing.InputError, match=r"--format 'csv' is unknown; allowed: auto, text"
+    ):
         list(tokenizing.documents(tokenizing.HfTokenizer(tok_dir), tmp_path / "x", "csv"))
 
 

@@ -90,7 +90,7 @@ def _step_zero_windows(corpus: Path) -> torch.Tensor:
 
 @pytest.mark.slow
 def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
-    corpus_dir: Path, tmp_path: Path, trainer_env: dict[str, str]
+    model_data: Path, tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:
     theirs = hf_tiny.build("qwen3", head_dim=12, tie_word_embeddings=True)
     source = hf_tiny.save(theirs, tmp_path / "model")
@@ -98,12 +98,12 @@ def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
 
     def one(name: str, *extra: str) -> list[str]:
         ck = tmp_path / name
-        args = [*_run(source, corpus_dir, ck), *on, "--grad-accum", "2", *extra]
+        args = [*_run(source, model_data, ck), *on, "--grad-accum", "2", *extra]
         return [*args, "--metrics", str(tmp_path / f"{name}.jsonl")]
 
     def two(name: str, *extra: str) -> list[str]:
         ck = tmp_path / name
-        args = [*_run(source, corpus_dir, ck), *on, "--parallel", "fsdp", *extra]
+        args = [*_run(source, model_data, ck), *on, "--parallel", "fsdp", *extra]
         return [*args, "--metrics", str(tmp_path / f"{name}.jsonl")]
 
     # One rank: the reference runs, checkpointing at step 2 (state.pt) for the 2-rank resume.
@@ -132,7 +132,7 @@ def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
     reference = _losses(tmp_path / "ref.jsonl")
     _same_losses(_losses(tmp_path / "fresh.jsonl"), reference)
     assert reference[1] == pytest.approx(
-        hf_tiny.hf_loss(theirs, _step_zero_windows(corpus_dir)), rel=1e-4
+        hf_tiny.hf_loss(theirs, _step_zero_windows(model_data)), rel=1e-4
     )
     # Checkpointed blocks run twice per micro-step on each rank: forward and recomputation.
     for rank in (0, 1):

@@ -17,7 +17,7 @@ from trainer.loop import train
 SEQ = hf_tiny.SEQ_LEN
 
 
-def test_lora_mfu_counts_the_flops_done(corpus_dir: Path, tmp_path: Path) -> None:
+def test_lora_mfu_counts_the_flops_done(model_data: Path, tmp_path: Path) -> None:
     """The tiny Llama (hidden 32, MLP 48, 2 layers, 4 heads of 8, 2 KV heads, untied 256-word
     head) with rank-4 adapters on q, k, v and o, counted by hand. Per layer: q and o 32x32, k and
     v 32x16, gate, up and down 32x48, two norms of 32: 7744; with the final norm and the head
@@ -26,7 +26,7 @@ def test_lora_mfu_counts_the_flops_done(corpus_dir: Path, tmp_path: Path) -> Non
     N = 25504. Attention: 12 * 2 * 32 * 16 = 12288. Forward 2N + activation gradients 2N +
     adapter gradients 2 N_t + attention = 117888 FLOPs per token (6N would be 165312)."""
     source = hf_tiny.model_dir(tmp_path, "llama")
-    run = hf_tiny.run_args(source, corpus_dir, tmp_path / "ck", lr="1e-3", max_steps="1")
+    run = hf_tiny.run_args(source, model_data, tmp_path / "ck", lr="1e-3", max_steps="1")
     out = tmp_path / "m.jsonl"
     attention = ["--lora-targets", "q_proj,k_proj,v_proj,o_proj"]
     cfg = cli.train_config(cli._parser().parse_args([*run, "--lora-rank", "4", *attention]))

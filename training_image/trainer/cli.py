@@ -65,7 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     prep.add_argument("--tokenizer", help="model directory whose tokenizer to use")
     prep.add_argument("--input", help="with --tokenizer: the file to tokenize")
-    prep.add_argument("--format", choices=["text", "jsonl", "chat"], default="text")
+    prep.add_argument(
+        "--format",
+        choices=["auto", "text", "jsonl", "chat"],
+        default="auto",
+        help="with --tokenizer: chat (JSON lines of {'messages': [...]}), jsonl (of {'text': "
+        "...}) or text (the file is one document); default %(default)s: chat or jsonl by the "
+        "first line's fields, else text",
+    )
     prep.add_argument(
         "--eval-fraction",
         type=float,
@@ -197,6 +204,12 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--merge-lora",
         action="store_true",
         help="of a LoRA run: the full model with the adapters merged (default: a PEFT adapter)",
+    )
+    export.add_argument(
+        "--base-model-id",
+        default="",
+        help="of a LoRA run: the base model's name for the adapter's base_model_name_or_path "
+        "(a hub id); default the config's _name_or_path, else the base model's directory",
     )
     export.add_argument(
         "--max-shard-bytes",
@@ -429,6 +442,7 @@ def _hf_command(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_shard_bytes=args.max_shard_bytes,
         merge_lora=args.merge_lora,
+        base_model_id=args.base_model_id,
     )
     print(json.dumps({"out": args.out, "files": written}))
     return 0

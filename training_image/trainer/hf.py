@@ -34,6 +34,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from trainer import tokenizing
 from trainer.config import MODEL_SEQ_LEN, ModelConfig, RopeScaling
 from trainer.model import GPT
 from trn_catalog import hf_models
@@ -44,20 +45,8 @@ INDEX = hf_models.WEIGHTS_INDEX_FILE
 # A PEFT adapter directory's config (peft/utils/constants.py CONFIG_NAME at 0.21.2).
 ADAPTER_CONFIG = "adapter_config.json"
 # Files of a model directory that a checkpoint carries so that export needs nothing else: the
-# config and generation defaults, and the tokenizer files of the formats transformers reads.
-CARRIED = (
-    CONFIG,
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+# config and generation defaults, and the tokenizer's files.
+CARRIED = (CONFIG, "generation_config.json", *tokenizing.TOKENIZER_FILES)
 # The one list of architectures, shared with `trnctl model stage`.
 ARCHITECTURES = hf_models.MODEL_TYPES
 # The defaults of transformers 5.23.0's config classes (configuration_<arch>.py) for the fields

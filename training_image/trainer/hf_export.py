@@ -6,7 +6,9 @@ PEFT adapter directory, or with ``merge_lora`` as the full model with the adapte
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,13 +24,15 @@ def export_checkpoint(
     dtype: str = "auto",
     max_shard_bytes: int = 5 << 30,
     merge_lora: bool = False,
+    base_model_id: str = "",
 ) -> list[str]:
     """Writes the newest valid checkpoint in ``checkpoint_dir`` (a path or ``s3://`` URI) to the
     local directory ``out`` (see :func:`trainer.hf.save_pretrained` for ``dtype`` and
     ``max_shard_bytes``) with the carried tokenizer files, and returns the files written. The
     checkpoint of a LoRA run becomes a PEFT adapter directory (see
     :func:`trainer.lora.save_adapter`), or with ``merge_lora`` (default False) the full model
-    with the adapters merged.
+    with the adapters merged. The adapter names its base model (``base_model_name_or_path``)
+    by :func:`base_model_name`.
 
     Raises:
         CheckpointError: no valid checkpoint there, the newest was not saved by a run from a
@@ -42,7 +46,9 @@ def export_checkpoint(
     hf.check_empty_out(out)  # before reading a checkpoint that may be gigabytes
     checkpointer = Checkpointer(open_store(checkpoint_dir))
     try:
-        return _export(checkpointer, checkpoint_dir, out, dtype, max_shard_bytes, merge_lora)
+        return _export(
+            checkpointer, checkpoint_dir, out, dtype, max_shard_bytes, merge_lora, base_model_id
+        )
     finally:
         checkpointer.store.drop_local_copies()  # from S3: this process's downloads
 
@@ -54,6 +60,7 @@ def _export(
     dtype: str,
     limit: int,
     merge_lora: bool,
+    base_model_id: str,
 ) -> list[str]:
     name = checkpointer.newest_valid()
     if name is None:
@@ -77,12 +84,22 @@ def _export(
         spec = lora.LoraSpec.from_dict(adapter)
         base = checkpointer.base_model_of(name)
         if not merge_lora:
-            written = lora.save_adapter(state, raw, spec, out, base_model=base, dtype=dtype)
+            name_of_base = base_model_name(raw, base, base_model_id)
+            written = lora.save_adapter(state, raw, spec, out, base_model=name_of_base, dtype=dtype)
             return written + _copy_carried(checkpointer, name, carried, out)
         cfg = hf.parse_config(raw, seq_len=1)
         state = lora.merged({**_base_weights(checkpointer, name, base, cfg), **state}, cfg, spec)
     written = hf.save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=limit)
     return written + _copy_carried(checkpointer, name, carried, out)
+
+
+def base_model_name(raw_config: Mapping[str, Any], base_dir: str, base_model_id: str) -> str:
+    """What an exported adapter names as its base model: ``base_model_id`` when given, else the
+    model's own id where its ``config.json`` keeps one (``_name_or_path``, which transformers
+    sets from the name a model was loaded by), else the base directory the run read, as an
+    absolute path."""
+    own = raw_config.get("_name_or_path")
+    return base_model_id or (own if isinstance(own, str) and own else base_dir)
 
 
 def _base_weights(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import device, hf, lora, optim, parallel
+from trainer import device, hf, lora, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
@@ -416,7 +416,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     control = parallel.control_group(ranks)
 
     dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
-    if dataset.vocab_size > cfg.model.vocab_size:
+    if cfg.model_dir:
+        tokenizing.check_data_for_model(cfg.data, cfg.model_dir)
+    elif dataset.vocab_size > cfg.model.vocab_size:
         raise ValueError(
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds "
             f"{_model_label(cfg)} vocabulary {cfg.model.vocab_size}"
@@ -440,7 +442,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             open_store(cfg.checkpoint_dir),
             cfg.keep_checkpoints,
             hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
-            cfg.model_dir,
+            # Absolute: an export from another working directory reads the base from it.
+            str(Path(cfg.model_dir).resolve()) if cfg.model_dir else "",
         )
         if cfg.checkpoint_dir
         else None

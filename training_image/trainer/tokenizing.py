@@ -41,13 +41,77 @@ import numpy as np
 from trainer.config import MODEL_SEQ_LEN
 from trainer.packing import CutReport, cut_report, kept_length
 
-FORMATS = ("text", "jsonl", "chat")
+FORMATS = ("auto", "text", "jsonl", "chat")
+# A JSON object's field that marks a JSON-lines file as chat, and as documents.
+SHAPES = {"messages": "chat", "text": "jsonl"}
 ROLES = ("system", "user", "assistant", "tool")
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
+# The files of a model directory that make its tokenizer, in the formats transformers reads
+# (the fast tokenizer, its config and special tokens, SentencePiece and BPE vocabularies, the
+# chat template): their bytes are the tokenizer's identity.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
 class InputError(ValueError):
     """Input that cannot be tokenized; the message names the file, the line and the field."""
+
+
+def tokenizer_sha256(directory: str | Path) -> str | None:
+    """The SHA-256 over the name and bytes of each of :data:`TOKENIZER_FILES` that
+    ``directory`` holds, in that order; None when it holds none of them."""
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        path = Path(directory) / name
+        if path.is_file():
+            h.update(name.encode() + b"\0" + path.read_bytes())
+            found = True
+    return h.hexdigest() if found else None
+
+
+def check_data_for_model(data_dir: str | Path, model_dir: str | Path) -> None:
+    """Refuses data that ``model_dir``'s model cannot train on: the byte corpus, data made
+    with another tokenizer (another :func:`tokenizer_sha256`), or a model directory without
+    tokenizer files to check against.
+
+    Raises:
+        ValueError: naming the data's tokenizer and the model's.
+    """
+    from trainer import data
+
+    manifest = json.loads((Path(data_dir) / data.MANIFEST).read_text())
+    name = manifest.get("tokenizer")
+    prepare = f"prepare it with `trn-train prepare-data --tokenizer {model_dir} --input FILE`"
+    if name == data.BYTE_TOKENIZER:
+        raise ValueError(
+            f"--data {data_dir} is the byte corpus (tokenizer {name}, prepare-data without "
+            f"--tokenizer): --model {model_dir} reads its own tokenizer's ids; {prepare}"
+        )
+    theirs = tokenizer_sha256(model_dir)
+    if theirs is None:
+        raise ValueError(
+            f"--model {model_dir} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, "
+            f"...): the tokenizer of --data {data_dir} ({name}) cannot be checked against it"
+        )
+    ours = manifest.get("tokenizer_sha256")
+    if ours != theirs:
+        raise ValueError(
+            f"--data {data_dir} was tokenized with {name} (tokenizer files sha256 "
+            f"{str(ours)[:12]}), --model {model_dir} has another tokenizer (sha256 "
+            f"{theirs[:12]}): {prepare}"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,16 +153,16 @@ class HfTokenizer:
         self.vocab_size = len(self.tok)
 
     @property
-    def identity(self) -> dict[str, str]:
-        """``tokenizer`` (``hf:<directory name>``) and ``tokenizer_sha256``: the SHA-256 of
-        ``tokenizer.json`` (of ``tokenizer_config.json`` and the chat template too, as they set
-        the special tokens and the rendering), for the manifest."""
-        h = hashlib.sha256()
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-            path = self.directory / name
-            if path.is_file():
-                h.update(name.encode() + b"\0" + path.read_bytes())
-        return {"tokenizer": f"hf:{self.directory.name}", "tokenizer_sha256": h.hexdigest()}
+    def identity(self) -> dict[str, object]:
+        """What the manifest records of the tokenizer: ``tokenizer`` (``hf:<directory name>``),
+        ``tokenizer_sha256`` (:func:`tokenizer_sha256` of its directory) and
+        ``special_tokens`` (transformers' ``special_tokens_map``: BOS, EOS, PAD ... by name);
+        the vocabulary size is recorded beside them."""
+        return {
+            "tokenizer": f"hf:{self.directory.name}",
+            "tokenizer_sha256": tokenizer_sha256(self.directory),
+            "special_tokens": dict(self.tok.special_tokens_map),
+        }
 
     def text(self, text: str) -> Document:
         ids = self.tok(text)["input_ids"]
@@ -183,17 +247,57 @@ def _messages(where: str, record: dict[str, Any]) -> list[dict[str, str]]:
     return messages
 
 
-def documents(tokenizer: HfTokenizer, path: Path, fmt: str) -> Iterator[Document]:
-    """The documents of ``path`` in ``fmt`` (one of :data:`FORMATS`), tokenized.
+def _shape(path: Path) -> tuple[str, str] | None:
+    """The format the first non-blank line of ``path`` shows when it is a JSON object with a
+    field of :data:`SHAPES` (``chat`` before ``jsonl``), and where; None otherwise."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                return None
+            for field, shape in SHAPES.items():
+                if isinstance(record, dict) and field in record:
+                    return shape, f"line {number} is a JSON object with {field!r}"
+            return None
+    return None
+
+
+def input_format(path: Path, fmt: str) -> tuple[str, str]:
+    """The format to read ``path`` in and why: ``fmt``, or for ``auto`` ``chat`` when its first
+    line is a JSON object with ``messages``, ``jsonl`` with ``text``, else ``text``.
 
     Raises:
-        InputError: unknown format, a missing or empty file, a line that is not a JSON object,
-            a missing ``text``/``messages`` field, an unknown role; the message names the line.
+        InputError: an unknown format, a missing file, or ``text`` for a file whose first line
+            is such a JSON object (JSON lines tokenized as prose: the fields, quotes and escapes
+            would be trained on).
     """
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
     if not path.is_file():
         raise InputError(f"--input {str(path)!r} is not a file")
+    shape = _shape(path)
+    if fmt == "auto":
+        return shape or ("text", "its first line is not a JSON object with 'messages' or 'text'")
+    if fmt == "text" and shape is not None:
+        raise InputError(
+            f"--input {str(path)!r} looks like {shape[0]} JSON lines ({shape[1]}): give "
+            f"--format {shape[0]} (or auto), not --format text"
+        )
+    return fmt, "--format"
+
+
+def documents(tokenizer: HfTokenizer, path: Path, fmt: str) -> Iterator[Document]:
+    """The documents of ``path`` in ``fmt`` (one of :data:`FORMATS`, see :func:`input_format`),
+    tokenized.
+
+    Raises:
+        InputError: see :func:`input_format`; an empty file, a line that is not a JSON object,
+            a missing ``text``/``messages`` field, an unknown role; the message names the line.
+    """
+    fmt, _ = input_format(path, fmt)
     if fmt == "text":
         text = path.read_text(encoding="utf-8")
         if not text.strip():
@@ -237,9 +341,10 @@ def prepare(
     seq_len: int = 0,
     shard_tokens: int = 1 << 24,
 ) -> dict[str, object]:
-    """``trn-train prepare-data --tokenizer``: tokenizes ``input_path`` in ``fmt`` with the
-    tokenizer of ``tokenizer_dir`` and writes the dataset under ``out`` (shards of
-    ``shard_tokens``, default 16M); returns the manifest.
+    """``trn-train prepare-data --tokenizer``: tokenizes ``input_path`` in ``fmt`` (``auto``:
+    as :func:`input_format` finds it, said on stdout) with the tokenizer of ``tokenizer_dir``
+    and writes the dataset under ``out`` (shards of ``shard_tokens``, default 16M); returns the
+    manifest.
 
     ``text``: a token stream (format 2) whose held-out split is its tail, ``eval_fraction``
     (default 0.01) of the tokens. ``jsonl`` and ``chat``: whole examples (format 3); the
@@ -258,6 +363,8 @@ def prepare(
     """
     from trainer import data
 
+    found = input_format(input_path, fmt) if fmt == "auto" else None
+    fmt = fmt if found is None else found[0]
     if eval_input is not None and (eval_fraction is not None or fmt == "text"):
         raise InputError(
             "--eval-input takes --format jsonl or chat, without --eval-fraction (its examples "
@@ -270,6 +377,8 @@ def prepare(
     tokenizer = HfTokenizer(tokenizer_dir)
     seq_len = seq_len or default_seq_len(tokenizer_dir)
     identity = {**tokenizer.identity, "eos_token_id": tokenizer.eos_id}
+    if found is not None:
+        print(f"prepare-data: --format auto: {input_path} is {found[0]} ({found[1]})")
     # Held in memory (at the shards' dtype): the held-out split depends on every example.
     dtype = data.dtype_for_vocab(tokenizer.vocab_size)
     docs = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, input_path, fmt)]
