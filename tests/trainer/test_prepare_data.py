@@ -50,13 +50,6 @@ def test_chat_trains_only_assistant_tokens(tmp_path: Path, template: str) -> Non
     assert np.flatnonzero(doc.mask).tolist() == TRAINED
 
 
-def test_a_template_that_is_not_a_continuation_of_its_prefixes_is_refused(tmp_path: Path) -> None:
-    tok_dir = tiny_tokenizer.build(tmp_path / "tok", template=tiny_tokenizer.TEMPLATE_LAST_TWO)
-    chat = _write_lines(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
-    with pytest.raises(tokenizing.InputError, match=r"chat.jsonl:1: .*message 2 .*generation"):
-        tokenizing.prepare(tmp_path / "out", tok_dir, chat, "chat")
-
-
 def test_chat_dataset_carries_masks_eval_split_and_tokenizer_identity(tmp_path: Path) -> None:
     tok_dir = tiny_tokenizer.build(tmp_path / "tok")
     chat = _write_lines(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}] * 10)

@@ -19,7 +19,22 @@ _WORDS = (
     "what is two plus four six thanks you are welcome good morning night sun moon star"
 )
 WORDS = _WORDS.split()
-VOCAB = {token: i for i, token in enumerate([*SPECIAL, *WORDS])}
+# Markers of the templates in chat_templates.py (Qwen3's, Llama 3's and Mistral's), and the
+# role names they write out; after the rest, so that the ids above stay as they are.
+CHAT_SPECIAL = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "[INST]",
+    "[/INST]",
+]
+CHAT_WORDS = ["system", "user", "assistant", "why", "because", "so"]
+VOCAB = {token: i for i, token in enumerate([*SPECIAL, *WORDS, *CHAT_SPECIAL, *CHAT_WORDS])}
 
 # Each turn: its role marker, the content, an end marker. The assistant's content and end marker
 # inside {% generation %} (transformers' return_assistant_tokens_mask).
@@ -46,18 +61,24 @@ def ids(text: str) -> list[int]:
     return [VOCAB[t] for t in text.split()]
 
 
-def build(directory: Path, *, template: str | None = TEMPLATE_GENERATION, eos: bool = True) -> Path:
+def build(
+    directory: Path,
+    *,
+    template: str | None = TEMPLATE_GENERATION,
+    eos: bool = True,
+    bos: str = "<s>",
+) -> Path:
     """Writes the tokenizer into ``directory`` (created) and returns it; ``template`` None: no
-    chat template; ``eos`` False: no EOS token."""
+    chat template; ``eos`` False: no EOS token; ``bos`` the BOS token (default ``<s>``)."""
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(SPECIAL)
+    tok.add_special_tokens([*SPECIAL, *CHAT_SPECIAL])
     tok.save(str(directory / "tokenizer.json"))
     config: dict[str, object] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "unk_token": "[UNK]",
-        "bos_token": "<s>",
+        "bos_token": bos,
     }
     if eos:
         config["eos_token"] = "</s>"

@@ -15,15 +15,14 @@ holds the template's own special tokens, and gets the EOS only when it does not 
 with it.
 
 Finding the assistant tokens of a conversation: a template with ``{% generation %}`` blocks is
-asked directly (``apply_chat_template(..., return_assistant_tokens_mask=True)``). Otherwise the
-conversation is rendered as text once per assistant message: the messages before it with the
-generation prompt (``P``) and up to and including it (``F``). The characters between ``len(P)``
-and ``len(F)`` are that reply (with the template's end-of-turn marker), provided each rendering
-is a prefix of the next and of the whole conversation; the tokens whose characters start there
-are trained (character offsets, so a merge across the boundary cannot shift the span). A
-template for which neither holds (no generation blocks, and renderings that are not prefixes of
-one another, as with templates that drop earlier turns' reasoning) is refused with an error that
-names the line, rather than guessed at.
+asked directly (``apply_chat_template(..., return_assistant_tokens_mask=True)``). Otherwise
+:mod:`trainer.chat_masks` finds each assistant turn in the rendering of the whole conversation
+(what the template renders for that message there, through its end-of-turn marker), also under
+templates that render a turn differently when more follows it (Qwen3's drops earlier turns'
+reasoning); the tokens whose characters start inside a turn are trained (character offsets, so
+a merge across the boundary cannot shift the span). Where no rule finds every turn, the last one
+alone is trained and ``prepare-data`` prints one warning with the count of such conversations;
+where not even that is found, the line is refused.
 """
 
 from __future__ import annotations
@@ -31,13 +30,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainer import chat_masks
 from trainer.config import MODEL_SEQ_LEN
 from trainer.packing import CutReport, cut_report, kept_length
 
@@ -151,6 +152,8 @@ class HfTokenizer:
             )
         self.eos_id = int(self.tok.eos_token_id)
         self.vocab_size = len(self.tok)
+        # Conversations of which only the last assistant turn was found (see :meth:`chat`).
+        self.last_turn_only = 0
 
     @property
     def identity(self) -> dict[str, object]:
@@ -169,6 +172,15 @@ class HfTokenizer:
         return Document(np.asarray([*ids, self.eos_id], dtype=np.int64))
 
     def chat(self, messages: list[dict[str, str]], where: str) -> Document:
+        """The conversation rendered with the chat template, its assistant turns trained: as
+        the template's ``{% generation %}`` blocks mark them, else as
+        :mod:`trainer.chat_masks` finds them (counting in :attr:`last_turn_only` the
+        conversations of which it finds only the last turn).
+
+        Raises:
+            InputError: no chat template, a template that refuses the conversation, or one under
+                which no rule finds even the last assistant turn; the message names ``where``.
+        """
         template = self.tok.get_chat_template() if self.tok.chat_template else None
         if template is None:
             raise InputError(f"{where}: --tokenizer {self.directory} has no chat template")
@@ -178,41 +190,50 @@ class HfTokenizer:
             )
             ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
         else:
-            ids, mask = self._chat_by_prefixes(messages, where)
+            ids, mask = self._masked(*self._turns(messages, where))
         if not ids or ids[-1] != self.eos_id:
             ids, mask = [*ids, self.eos_id], [*mask, 0]
         return Document(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.uint8))
 
-    def _render(self, messages: list[dict[str, str]], *, prompt: bool) -> str:
-        text: str = self.tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=prompt
-        )
+    def _render(self, messages: Sequence[dict[str, Any]], prompt: bool) -> str:
+        from jinja2.exceptions import TemplateError
+
+        try:
+            text: str = self.tok.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=prompt
+            )
+        except TemplateError as error:
+            raise chat_masks.TemplateFailure(str(error)) from error
         return text
 
-    def _chat_by_prefixes(
+    def _turns(
         self, messages: list[dict[str, str]], where: str
-    ) -> tuple[list[int], list[int]]:
-        full = self._render(messages, prompt=False)
-        spans: list[tuple[int, int]] = []
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            before = self._render(messages[:i], prompt=True) if i else ""
-            upto = self._render(messages[: i + 1], prompt=False)
-            if not (upto.startswith(before) and full.startswith(upto)):
-                raise InputError(
-                    f"{where}: the chat template renders message {i} so that the conversation "
-                    "is not a continuation of its prefixes, and it has no {% generation %} "
-                    "blocks; the assistant tokens cannot be found"
-                )
-            spans.append((len(before), len(upto)))
-        enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
+    ) -> tuple[str, list[chat_masks.Span]]:
+        try:
+            found = chat_masks.assistant_turns(messages, self._render)
+            if found is None:
+                found = chat_masks.last_turn(messages, self._render)
+                self.last_turn_only += found is not None
+        except chat_masks.TemplateFailure as error:
+            raise InputError(
+                f"{where}: the chat template refuses the conversation ({error})"
+            ) from None
+        if found is None:
+            raise InputError(
+                f"{where}: no rule finds the assistant turns under this chat template, not even "
+                "the last: it has no {% generation %} blocks, and neither its renderings of the "
+                "conversation's prefixes nor its own rendering of the turns locate them"
+            )
+        return found
+
+    def _masked(self, text: str, spans: list[chat_masks.Span]) -> tuple[list[int], list[int]]:
+        """``text``'s token ids, and 1 for each token that starts inside a span."""
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [
             int(any(lo <= start < hi for lo, hi in spans) and end > start)
             for start, end in enc["offset_mapping"]
         ]
-        return ids, mask
+        return list(enc["input_ids"]), mask
 
 
 def _json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -397,6 +418,13 @@ def prepare(
     else:
         train = docs
         held_out = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, eval_input, fmt)]
+    if tokenizer.last_turn_only:
+        print(
+            f"prepare-data: warning: {tokenizer.last_turn_only} of "
+            f"{len(train) + len(held_out)} conversations: no rule finds each assistant turn "
+            "under the chat template, only their last assistant turn is trained",
+            file=sys.stderr,
+        )
     reports = {"train": _cut_report(train, seq_len), "eval": _cut_report(held_out, seq_len)}
     for split, report in reports.items():
         if report.examples and report.dropped == report.examples:
