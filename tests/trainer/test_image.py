@@ -238,6 +238,7 @@ DISTRIBUTIONS = {
     "boto3": "boto3",
     "botocore": "botocore",
     "transformers": "transformers",
+    "jinja2": "jinja2",
     "torch_neuronx": "torch-neuronx",
     "torch_xla": "torch-xla",
     "matplotlib": "matplotlib",
@@ -251,6 +252,7 @@ ONLY_ON = {
     "torch_xla": {"xla"},
     "matplotlib": set(),
     "transformers": set(),
+    "jinja2": set(),
 }
 
 
