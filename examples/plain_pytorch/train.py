@@ -111,6 +111,16 @@ def save(directory: Path, step: int, model: nn.Module, optimizer: torch.optim.Op
     partial.rename(directory / f"step-{step}.pt")
 
 
+def agreed_stop(stopping: bool, control: dist.ProcessGroup | None) -> bool:
+    """Whether any rank got a SIGTERM: a MAX all-reduce of the flag in ``control``, a CPU
+    (gloo) group; the flag itself with one rank."""
+    if control is None:
+        return stopping
+    flag = torch.tensor([int(stopping)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+    return bool(flag.item())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=sorted(DIST_BACKENDS), default="cpu")
@@ -147,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if world > 1:
         dist.init_process_group(DIST_BACKENDS[args.device])
+    # The ranks agree on a stop over the CPU (gloo), so the agreement never waits for the
+    # accelerator: a flag on the device read with .item() would sync host and device every step.
+    control = dist.new_group(backend="gloo") if world > 1 else None
     device = device_of(args.device, local_rank)
     torch.manual_seed(args.seed)
     model: nn.Module = TinyLM(256, args.dim, args.layers, 4, args.seq_len).to(device)
@@ -204,15 +217,13 @@ def main(argv: list[str] | None = None) -> None:
                 metrics.step(step, loss_value.item(), tokens)
         # Every rank stops at the same step: a rank that went on alone would wait in its next
         # all-reduce until the grace period ends.
-        stop_now = torch.tensor([float(stopping)], device=device)
-        if world > 1:
-            dist.all_reduce(stop_now, op=dist.ReduceOp.MAX)
+        stop_now = agreed_stop(stopping, control)
         every = args.checkpoint_every
-        due = bool(stop_now.item()) or step == args.steps or (every and step % every == 0)
+        due = stop_now or step == args.steps or (every and step % every == 0)
         if due and rank == 0 and args.checkpoint_dir is not None:
             inner = model.module if isinstance(model, DistributedDataParallel) else model
             save(args.checkpoint_dir, step, inner, optimizer)
-        if stop_now.item():
+        if stop_now:
             break
     if metrics is not None:
         metrics.close()

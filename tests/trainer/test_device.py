@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -249,3 +251,40 @@ def test_a_model_run_s_plan_names_the_model_directory() -> None:
         device.XlaBackend.check_plan(
             strategy="ddp", model=label, num_params=8 * 10**9, instance_type="trn1.32xlarge"
         )
+
+
+def _torchneuron(monkeypatch: pytest.MonkeyPatch, compile_backend: str) -> device.Backend:
+    """A NeuronBackend made as the trainer makes it, with an empty torch_neuronx module in place
+    of the package (not installed here)."""
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    return device.NeuronBackend(compile_backend=compile_backend)
+
+
+@pytest.mark.parametrize(
+    ("asked", "sharded", "runs"),
+    [
+        ("auto", True, None),
+        ("auto", False, "neuron"),
+        ("none", True, None),
+        ("neuron", False, "neuron"),
+    ],
+)
+def test_torchneuron_runs_a_sharded_model_eager(
+    asked: str, sharded: bool, runs: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchNeuron's torch.compile supports SimpleFSDP, FSDP2 only in eager mode: FSDP2 over
+    several ranks defaults to eager; one rank or DDP compiles as before."""
+    backend = _torchneuron(monkeypatch, asked)
+    backend.fit_compile(sharded=sharded)
+    assert backend.compile_backend == runs
+
+
+def test_torchneuron_refuses_a_compiled_fsdp2_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _torchneuron(monkeypatch, "neuron")
+    with pytest.raises(
+        ValueError, match=r"^--compile neuron with --parallel fsdp on several ranks: .*SimpleFSDP"
+    ):
+        backend.fit_compile(sharded=True)
+    cpu = device.Backend(compile_backend="inductor")
+    cpu.fit_compile(sharded=True)  # elsewhere FSDP2 compiles per block, as before
+    assert cpu.compile_backend == "inductor"

@@ -55,6 +55,7 @@ def test_a_lora_run_prints_its_settings_and_records_them(
         "weight_decay": 0.0,
         "lora": {"rank": 2, "alpha": 2.0, "targets": list(lora.TARGETS)},
         "frozen_dtype": "fp32",  # CPU computes in FP32
+        "compile": "none",
     }
     printed = [line for line in capsys.readouterr().err.splitlines() if "run settings" in line]
     assert printed == [f"trn-train: run settings {json.dumps(settings)}"]

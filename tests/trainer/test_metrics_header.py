@@ -58,7 +58,13 @@ def test_a_cpu_run_opens_its_metrics_with_the_run_header(
         "seq_len": tiny.seq_len,
         "flops_per_token": flops_per_token,
         "peak_flops_per_rank": 2e11,
-        "settings": {"lr": 3e-3, "weight_decay": 0.1, "lora": None, "frozen_dtype": None},
+        "settings": {
+            "lr": 3e-3,
+            "weight_decay": 0.1,
+            "lora": None,
+            "frozen_dtype": None,
+            "compile": "none",
+        },
     }
     records = metrics.read(tmp_path / "m.jsonl")
     assert [r["step"] for r in records] == [2, 4]

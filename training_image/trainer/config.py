@@ -282,18 +282,21 @@ class TrainConfig:
             return self.weight_decay
         return LORA_WEIGHT_DECAY if self.lora_rank is not None else WEIGHT_DECAY
 
-    def settings(self, *, frozen_dtype: str | None) -> dict[str, object]:
+    def settings(
+        self, *, frozen_dtype: str | None, compile_backend: str | None
+    ) -> dict[str, object]:
         """What the run trains with where flags may leave it to defaults, as the run prints it
         at start and records it in its metrics header: peak learning rate, weight decay, the
-        LoRA rank, alpha and targets (None for full fine-tuning) and, with LoRA, the dtype the
-        frozen weights are kept in (``frozen_dtype``; adapters and their AdamW state are
-        FP32)."""
+        LoRA rank, alpha and targets (None for full fine-tuning), with LoRA the dtype the
+        frozen weights are kept in (``frozen_dtype``; adapters and their AdamW state are FP32),
+        and the ``torch.compile`` backend the device runs (``none``: eager)."""
         lora = self.lora
         return {
             "lr": self.peak_lr,
             "weight_decay": self.decay,
             "lora": None if lora is None else lora.as_dict(),
             "frozen_dtype": frozen_dtype if lora is not None else None,
+            "compile": compile_backend or "none",
         }
 
     @property

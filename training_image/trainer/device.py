@@ -49,6 +49,7 @@ class Backend:
 
     def __init__(self, *, compile_backend: str = "auto", local_rank: int = 0) -> None:
         self.local_rank = local_rank
+        self.compile_asked = compile_backend
         self.compile_backend = (
             self.default_compile
             if compile_backend == "auto"
@@ -84,6 +85,10 @@ class Backend:
         """Raises ValueError when this backend cannot train ``model`` (``num_params``
         parameters; the label its messages use: ``preset 'NAME'`` or ``model 'DIR'``) with
         ``strategy`` on ``instance_type``; every plan passes by default."""
+
+    def fit_compile(self, *, sharded: bool) -> None:
+        """Fits the compile choice to the plan (``sharded``: FSDP2 over several ranks); every
+        choice fits by default."""
 
     def _device(self) -> torch.device:
         return torch.device("cpu")
@@ -228,6 +233,27 @@ class NeuronBackend(Backend):
     def check_instance(cls, instance_type: str) -> None:
         """TorchNeuron runs on Trn2 and Trn3 only; Trn1 needs the XLA stack."""
         stacks.check_instance(stacks.STACKS["native"], instance_type)
+
+    def fit_compile(self, *, sharded: bool) -> None:
+        """FSDP2 runs eager on TorchNeuron: its ``torch.compile`` supports SimpleFSDP, not
+        FSDP2 ("For eager mode, TorchNeuron supports all three: FSDPv1, FSDPv2, and SimpleFSDP.
+        For torch.compile, TorchNeuron ... supports SimpleFSDP": the TorchNeuron overview's FAQ,
+        frameworks/torch/pytorch-native-overview.rst). So with the model sharded, ``auto``
+        compiles nothing, and a backend asked for by name is refused.
+
+        Raises:
+            ValueError: ``--compile`` names a backend for a sharded model.
+        """
+        if not sharded or self.compile_backend is None:
+            return
+        if self.compile_asked != "auto":
+            raise ValueError(
+                f"--compile {self.compile_asked} with --parallel fsdp on several ranks: "
+                "TorchNeuron compiles FSDP2 models only in eager mode (torch.compile supports "
+                "SimpleFSDP, the Neuron FAQ); use --compile auto or none (FSDP2 eager), or "
+                "--parallel ddp to compile a full replica per rank"
+            )
+        self.compile_backend = None
 
     def _device(self) -> torch.device:
         index = self.device_index()

@@ -411,6 +411,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         num_params=num_params,
         instance_type=cfg.instance_type,
     )
+    backend.fit_compile(sharded=_fsdp_sharded(cfg, ranks, backend))
     parallel.init(ranks, backend.dist_backend)
     backend.start()  # after the process group: see Backend.start
     control = parallel.control_group(ranks)
@@ -465,7 +466,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
     flops = flops_per_token(cfg)
     frozen = backend.frozen_dtype()
-    settings = cfg.settings(frozen_dtype="fp32" if frozen is None else device.dtype_name(frozen))
+    settings = cfg.settings(
+        frozen_dtype="fp32" if frozen is None else device.dtype_name(frozen),
+        compile_backend=backend.compile_backend,
+    )
     if ranks.is_main:
         print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
