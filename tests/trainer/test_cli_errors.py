@@ -51,7 +51,7 @@ def files(tmp_path_factory: pytest.TempPathFactory, model_data: Path) -> dict[st
     chat.write_text(json.dumps({"messages": [{"role": "robot", "content": "hi"}]}) + "\n")
     tok = tiny_tokenizer.build(root / "tok")
     (root / "words.txt").write_text("the cat sat on a mat " * 100)
-    tokenizing.prepare(root / "other", tok, root / "words.txt", "text")
+    tokenizing.prepare(root / "other", tok, root / "words.txt", "text", eval_fraction=0, seq_len=16)
     return {"root": root, "model": model, "ck": ck, "adapter": adapter, "chat": chat}
 
 

@@ -25,7 +25,9 @@ def _run(model: Path, data: Path, ck: Path, *extra: str) -> list[str]:
 def test_the_manifest_records_the_tokenizer(tmp_path: Path) -> None:
     tok = tiny_tokenizer.build(tmp_path / "tok")
     (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": CHAT}) + "\n")
-    manifest = tokenizing.prepare(tmp_path / "out", tok, tmp_path / "chat.jsonl", "chat")
+    manifest = tokenizing.prepare(
+        tmp_path / "out", tok, tmp_path / "chat.jsonl", "chat", eval_fraction=0, seq_len=16
+    )
     assert manifest["tokenizer"] == "hf:tok"
     assert manifest["tokenizer_sha256"] == tokenizing.tokenizer_sha256(tok)
     assert manifest["vocab_size"] == len(tiny_tokenizer.VOCAB)
@@ -42,7 +44,9 @@ def test_data_of_another_tokenizer_or_the_byte_corpus_is_refused(
     model = hf_tiny.model_dir(tmp_path)
     other = tiny_tokenizer.build(tmp_path / "tok")
     (tmp_path / "t.txt").write_text("the cat sat on a mat " * 200)
-    tokenizing.prepare(tmp_path / "other", other, tmp_path / "t.txt", "text")
+    tokenizing.prepare(
+        tmp_path / "other", other, tmp_path / "t.txt", "text", eval_fraction=0, seq_len=16
+    )
     ours, theirs = tokenizing.tokenizer_sha256(other), tokenizing.tokenizer_sha256(model)
     assert ours is not None and theirs is not None
     with pytest.raises(
@@ -70,9 +74,10 @@ def test_chat_json_lines_are_read_as_chat_unless_asked_otherwise(
 ) -> None:
     tok = tiny_tokenizer.build(tmp_path / "tok")
     (tmp_path / "c.jsonl").write_text("\n" + json.dumps({"messages": CHAT}) + "\n")
-    by_format = tokenizing.prepare(tmp_path / "a", tok, tmp_path / "c.jsonl", "chat")
+    options = {"eval_fraction": 0.0, "seq_len": 16}
+    by_format = tokenizing.prepare(tmp_path / "a", tok, tmp_path / "c.jsonl", "chat", **options)
     capsys.readouterr()
-    detected = tokenizing.prepare(tmp_path / "b", tok, tmp_path / "c.jsonl", "auto")
+    detected = tokenizing.prepare(tmp_path / "b", tok, tmp_path / "c.jsonl", "auto", **options)
     assert detected["shards"] == by_format["shards"] and detected["masked"] is True
     assert capsys.readouterr().out == (
         f"prepare-data: --format auto: {tmp_path / 'c.jsonl'} is chat (line 2 is a JSON object "
@@ -83,7 +88,7 @@ def test_chat_json_lines_are_read_as_chat_unless_asked_otherwise(
         match=r"c.jsonl' looks like chat JSON lines \(line 2 is a JSON object with 'messages'\): "
         r"give --format chat \(or auto\), not --format text",
     ):
-        tokenizing.prepare(tmp_path / "c", tok, tmp_path / "c.jsonl", "text")
+        tokenizing.prepare(tmp_path / "c", tok, tmp_path / "c.jsonl", "text", **options)
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "the cat"}) + "\n")
     assert tokenizing.input_format(tmp_path / "d.jsonl", "auto")[0] == "jsonl"
     (tmp_path / "p.txt").write_text("{not json\n")
