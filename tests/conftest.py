@@ -94,8 +94,8 @@ def construct_app(**props: Any) -> Any:
     ``@aws-cdk/core:validateAgainstDefaultRules`` flag is not set), cfn-lint checks every
     variant's templates (tests/security/test_gate.py), and it costs the jsii runtime about ten
     CPU-seconds on a test process's first synth and a third of each later one. Another team's app
-    keeps CDK's defaults: tests/test_library.py synthesizes both READMEs' examples and another app
-    against the wheel with them."""
+    keeps CDK's defaults: tests/test_library.py synthesizes the documented examples and another
+    app against the wheel with them."""
     import aws_cdk as cdk
 
     return cdk.App(builtin_cloud_formation_validation=False, **props)

@@ -320,8 +320,8 @@ def test_importing_the_library_has_no_side_effects() -> None:
     } <= exported
 
 
-LIBRARY_SECTION = ("## The constructs in your own CDK app", "## Layout")
-# Per adoption path of the README: resource types its app must make and must not.
+CONSTRUCTS_PAGE = ROOT / "docs" / "constructs.md"
+# Per adoption path of docs/constructs.md: resource types its app must make and must not.
 ADOPTION_PATHS = {
     "Whole platform in your app": (
         {
@@ -340,7 +340,7 @@ ADOPTION_PATHS = {
     "Node group only": ({"AWS::EKS::Nodegroup"}, {"Custom::AWSCDK-EKS-HelmChart", "AWS::EC2::VPC"}),
     "Data paths only": ({"AWS::FSx::FileSystem"}, {"AWS::EC2::VPC"}),
 }
-# The apps (the README's examples, another app) run one after another in one process against the
+# The apps (the documented examples, another app) run one after another in one process against the
 # installed wheel: one interpreter and one jsii runtime instead of one per app (about 8 s of CPU
 # each). The runtime reads CDK_OUTDIR once, when it starts: each app's assembly is moved to its
 # own folder after it ran; an app's traceback is kept in its folder for its test to show.
@@ -361,12 +361,17 @@ for app_dir in sys.argv[1:]:
 OTHER_APP_NAME = "Their app"
 
 
-def readme_examples() -> dict[str, str]:
-    """The README library section's examples, by the title of their subsection."""
-    text = (ROOT / "README.md").read_text()
-    start, end = (text.index(heading) for heading in LIBRARY_SECTION)
-    found = re.findall(r"^### (.+?)\n.*?```python\n(.*?)```", text[start:end], flags=re.S | re.M)
-    return dict(found)
+def constructs_page_examples() -> dict[str, str]:
+    """The examples of docs/constructs.md (the constructs in your own app), by the title of the
+    section each opens."""
+    sections = re.split(r"^## ", CONSTRUCTS_PAGE.read_text(), flags=re.M)[1:]
+    found = {}
+    for section in sections:
+        title, _, body = section.partition("\n")
+        code = re.search(r"^```python\n(.*?)^```", body, flags=re.S | re.M)
+        if code:
+            found[title] = code.group(1)
+    return found
 
 
 def library_readme_examples() -> dict[str, str]:
@@ -377,8 +382,8 @@ def library_readme_examples() -> dict[str, str]:
     return {f"constructs_lib/README.md example {n}": code for n, code in enumerate(found, 1)}
 
 
-def test_the_readme_shows_one_example_per_adoption_path() -> None:
-    examples = readme_examples()
+def test_the_constructs_page_shows_one_example_per_adoption_path() -> None:
+    examples = constructs_page_examples()
     assert set(examples) == set(ADOPTION_PATHS)
     for code in examples.values():
         assert "from_lookup" not in code, "lookups need an AWS account; examples stay offline"
@@ -387,10 +392,11 @@ def test_the_readme_shows_one_example_per_adoption_path() -> None:
 
 @pytest.fixture(scope="module")
 def apps_synthesized(installed: Path) -> dict[str, Path]:
-    """Each example of the two READMEs and another app (OTHER_APP), synthesized against the
-    installed wheel with CDK's defaults, in one process (a new jsii runtime's first synth costs
-    seconds); the folder of each by its name (an ``out`` assembly, or ``error.txt``)."""
-    codes = {**readme_examples(), **library_readme_examples(), OTHER_APP_NAME: OTHER_APP}
+    """Each example of docs/constructs.md and of the library's README, and another app
+    (OTHER_APP), synthesized against the installed wheel with CDK's defaults, in one process (a
+    new jsii runtime's first synth costs seconds); the folder of each by its name (an ``out``
+    assembly, or ``error.txt``)."""
+    codes = {**constructs_page_examples(), **library_readme_examples(), OTHER_APP_NAME: OTHER_APP}
     folders = {name: installed / re.sub(r"\W+", "-", name.lower()) for name in codes}
     for name, code in codes.items():
         folders[name].mkdir()
@@ -420,7 +426,7 @@ def _synthesized(apps: dict[str, Path], name: str) -> Path:
 
 
 @pytest.mark.parametrize("path", sorted(ADOPTION_PATHS))
-def test_each_readme_example_synthesizes_against_the_wheel(
+def test_each_constructs_page_example_synthesizes_against_the_wheel(
     apps_synthesized: dict[str, Path], path: str
 ) -> None:
     out = _synthesized(apps_synthesized, path)

@@ -68,7 +68,7 @@ def test_the_neuron_chart_runs_the_dra_driver_not_the_device_plugin(dra: Synth) 
     assert neuron["draDriver"]["enabled"] is True
     assert neuron["devicePlugin"] == {"enabled": False}
     assert neuron["scheduler"] == {"enabled": False}
-    # Kept under DRA (README, "Devices: plugin or DRA").
+    # Kept under DRA (docs/devices-and-ultraservers.md, "Devices: plugin or DRA").
     assert neuron["npd"]["enabled"] is True and neuron["npd"]["nodeRecovery"]["enabled"] is True
     assert instance_type(dra) in neuron["neuronInstances"]
     assert not [t for t in neuron["neuronInstances"] if t.startswith("trn1")]
