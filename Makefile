@@ -55,8 +55,8 @@ lint: $(VENV)/.dev
 
 typecheck: $(VENV)/.dev
 	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench ops/hatch_build.py
-	# Each example is a standalone script named train.py: one mypy run each.
-	for script in examples/*/train.py; do $(VENV)/bin/mypy $$script || exit 1; done
+	# Each example is a standalone script (two named train.py): one mypy run each.
+	for script in examples/*/*.py; do $(VENV)/bin/mypy $$script || exit 1; done
 
 check: lint typecheck test
 
