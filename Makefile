@@ -54,7 +54,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(VENV)/.dev
-	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench ops/hatch_build.py
+	$(VENV)/bin/mypy app.py trn_catalog platform_config constructs_lib stacks trnctl training_image/trainer training_image/entrypoint.py bench ops/hatch_build.py tests/conformance/chart_values.py
 	# Each example is a standalone script (two named train.py): one mypy run each.
 	for script in examples/*/*.py; do $(VENV)/bin/mypy $$script || exit 1; done
 

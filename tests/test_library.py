@@ -247,6 +247,66 @@ def test_the_set_up_environment_runs_the_checkout_not_copies() -> None:
         assert Path(path).is_relative_to(ROOT), path
 
 
+# Where the library, the ops tools and the platform app import from (the sources the wheels
+# and the app are built from), against each folder that is their import root.
+PROJECT_SOURCES = {
+    ROOT: ["app.py", "constructs_lib", "trn_catalog", "stacks", "platform_config", "trnctl"],
+    ROOT / "training_image": ["trainer", "entrypoint.py"],
+}
+# Modules the library wheel ships that no code of the project imports, and why each ships.
+# Anything else that only the tests read stays out of the wheel (the charts' value keys live in
+# tests/conformance/chart_values.py).
+SHIPPED_NOT_IMPORTED = {
+    # The preview reaper's Lambda code: PreviewLifecycle bundles the file as an asset.
+    "constructs_lib.preview_reaper.handler",
+    # The Neuron releases the image's stages install: catalog facts (versions, host driver)
+    # that the Dockerfile's pins follow, checked by tests/trainer/test_image.py.
+    "trn_catalog.neuron_releases",
+}
+
+
+def _module(relative: Path) -> str:
+    """The dotted module name of a source file's path from its import root."""
+    parts = relative.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(source: Path, root: Path) -> set[str]:
+    """The modules ``source`` imports, absolute and relative alike, with each ``from X import
+    name`` also as ``X.name`` (where name may be a module)."""
+    module = _module(source.relative_to(root))
+    package = module if source.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            )
+            name = ".".join([*base, *([node.module] if node.module else [])])
+            found |= {name, *(f"{name}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def imported_by_the_project() -> set[str]:
+    """Every module the library, the ops tools or the platform app imports."""
+    found: set[str] = set()
+    for root, entries in PROJECT_SOURCES.items():
+        for entry in entries:
+            path = root / entry
+            for source in [path] if path.is_file() else path.rglob("*.py"):
+                found |= _imports(source, root)
+    return found
+
+
+def test_the_library_wheel_ships_no_module_only_the_tests_read(wheels: dict[str, Path]) -> None:
+    with zipfile.ZipFile(wheels["library"]) as archive:
+        shipped = {_module(Path(n)) for n in archive.namelist() if n.endswith(".py")}
+    assert "trn_catalog.versions" in shipped
+    assert shipped - imported_by_the_project() == SHIPPED_NOT_IMPORTED
+
+
 def test_wheel_carries_types_and_the_reaper(installed: Path) -> None:
     site = installed / "site"
     assert (site / "constructs_lib" / "py.typed").exists()

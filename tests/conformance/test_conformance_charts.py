@@ -1,6 +1,6 @@
 """Every value the platform sets for the Neuron, EFA and Trainer charts is a key of that chart
-version's own values file (the key lists in trn_catalog.chart_values), and every pod those
-charts start asks for CPU and memory, in every variant."""
+version's own values file (the key lists in tests/conformance/chart_values.py), and every pod
+those charts start asks for CPU and memory, in every variant."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from kube_objects import helm_values
 
 from constructs_lib.cluster import neuron_values, nvidia_device_plugin_values
 from constructs_lib.plugins import dranet_values, efa_values
+from tests.conformance import chart_values
 from tests.conftest import VARIANTS, Synth
-from trn_catalog import chart_values, registries, versions
+from trn_catalog import registries, versions
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -1,9 +1,11 @@
 """Value keys of the pinned Helm charts, as each chart version's own values file has them.
 
 The cluster's chart values (``constructs_lib.cluster``) are checked against these lists in the
-tests, so a key that the pinned chart does not read, or reads as another type, fails before a
-deploy rather than being ignored by Helm. Each list names the chart version and the file it was
-read from; bump it together with the pin in :mod:`trn_catalog.versions`. Standard library only.
+tests (test_conformance_charts.py), so a key that the pinned chart does not read, or reads as
+another type, fails before a deploy rather than being ignored by Helm. Each list names the chart
+version and the file it was read from; bump it together with the pin in
+:mod:`trn_catalog.versions`. Only the tests read it, so it lives here, outside the library
+wheel.
 
 Each list also names the chart's pods (:class:`ChartPod`): where their ``resources`` value is,
 what turns them on, and what the chart requests for them by default, so that a test finds any
