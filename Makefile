@@ -22,13 +22,20 @@ export AWS_EC2_METADATA_DISABLED := true
 # not move with them (tests/security/test_gate.py::test_synth_is_deterministic).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: synth test test-isa test-xla lint typecheck check bench train-local diagram clean setup
+.PHONY: synth test test-isa test-xla lint typecheck check bench train-local diagram clean setup browser
 
 synth: $(VENV)/.runtime $(CDK)
 	$(CDK) synth --no-notices --quiet --output cdk.out
 
-test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+test: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK) browser
+	TRN_REQUIRE_CHROMIUM=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The compare report's test opens the page in headless Chromium (tests/browser.py): Debian's
+# chromium and chromium-driver (about 80 MB to download, once per machine).
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends chromium chromium-driver)
 
 # The trainer's tests under each set of ATen CPU kernels this CPU runs, from the portable default
 # up to the widest, which `make test` gets: floats that two different kernels compute must agree
@@ -73,7 +80,7 @@ diagram: synth
 train-local: $(VENV)/.dev
 	bash training_image/demo.sh
 
-setup: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK)
+setup: $(VENV)/.dev $(CHECKOV_VENV)/.ready $(CDK) browser
 
 # The library (pyproject.toml) and the ops tools (ops/pyproject.toml: trnctl, trn-train), both
 # editable; hatchling writes nothing into the checkout. Two runs: the second puts the commands on

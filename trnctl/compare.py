@@ -13,8 +13,8 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import trn_catalog
 from trn_catalog import prices
@@ -242,17 +242,20 @@ def parse_prices(values: Sequence[str]) -> dict[tuple[str, prices.Market], float
 def rate_for(
     instance_type: str | None,
     market: prices.Market,
-    region: str,
+    region: str | None,
     overrides: Mapping[tuple[str, prices.Market], float],
     live: Mapping[str, float | None],
 ) -> Rate:
     """The rate a run is costed at: ``--price``, else (On-Demand) the Pricing API's with
-    ``--live``, else the catalog's for ``region``; a Rate without a price says what to pass."""
+    ``--live``, else the catalog's for ``region`` (None: no region configured, so nothing but
+    ``--price`` prices it); a Rate without a price says what to pass."""
     if instance_type is None:
         return Rate(None, "no instance type in the run header (a local run)")
     flag = f"--price {instance_type}{CB_SUFFIX if market == 'capacity-block' else ''}=USD"
     if (instance_type, market) in overrides:
         return Rate(overrides[(instance_type, market)], f"{flag.removesuffix('=USD')} (given)")
+    if region is None:
+        return Rate(None, f"no AWS region to look up {instance_type} in: pass --region or {flag}")
     if market == "on-demand" and live.get(instance_type) is not None:
         return Rate(live[instance_type], f"AWS Pricing API, {region}, now")
     price = prices.lookup(instance_type, region, market)
@@ -286,6 +289,8 @@ class Summary:
     mfu: float | None
     total_s: float
     total_tokens: int
+    nodes: int
+    instance_hours: float
     loss_at_matched: float | None
     loss_difference: float | None
     rates: dict[prices.Market, Rate]
@@ -331,6 +336,8 @@ def summarize(
                 mfu=mfu(run, tps),
                 total_s=total_s,
                 total_tokens=int(run.records[-1]["tokens"]),
+                nodes=nodes,
+                instance_hours=nodes * total_s / SECONDS_PER_HOUR,
                 loss_at_matched=losses_at(run, matched[-1:])[0] if matched else None,
                 loss_difference=mean_abs_loss_difference(run, runs[0], matched),
                 rates=run_rates,
@@ -345,3 +352,156 @@ def summarize(
             )
         )
     return summaries, matched
+
+
+def with_labels(runs: Sequence[Run], names: Sequence[str], values: Sequence[str]) -> list[Run]:
+    """``runs`` (given on the command line as ``names``) relabelled by ``--label RUN=NAME``
+    ``values``; a run without one keeps its name.
+
+    Raises:
+        TrnctlError: USAGE, naming the flag and the value, for another form, a RUN that is not
+            one of ``names``, a RUN labelled twice, or two runs with the same label.
+    """
+    labels: dict[str, str] = {}
+    for value in values:
+        run, sep, label = value.partition("=")
+        if not sep or not label.strip() or run not in names:
+            raise TrnctlError(
+                f"--label {value!r}: expected RUN=NAME where RUN is one of the runs given "
+                f"({', '.join(names)}), e.g. --label {names[0]}=trn2",
+                ExitCode.USAGE,
+            )
+        if run in labels:
+            raise TrnctlError(f"--label: run {run!r} is labelled twice", ExitCode.USAGE)
+        labels[run] = label.strip()
+    relabelled = [replace(r, label=labels.get(n, n)) for r, n in zip(runs, names, strict=True)]
+    seen = [r.label for r in relabelled]
+    twice = sorted({label for label in seen if seen.count(label) > 1})
+    if twice:
+        raise TrnctlError(
+            f"two runs share the label {twice[0]!r}; give each a name of its own with "
+            "--label RUN=NAME",
+            ExitCode.USAGE,
+        )
+    return relabelled
+
+
+def market_of(run: Run) -> prices.Market:
+    """How the run's nodes were paid for: ``capacity-block`` when its header says it ran on a
+    Capacity Block (the trainer records the node group's ``capacity``), else On-Demand (an ODCR
+    is billed at the On-Demand rate)."""
+    return "capacity-block" if run.header.get("capacity") == "capacity-block" else "on-demand"
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What the verdict compares the runs at: a ``loss`` to reach or ``tokens`` to train."""
+
+    kind: Literal["loss", "tokens"]
+    value: float
+
+    def describe(self) -> str:
+        return f"loss {self.value:g}" if self.kind == "loss" else f"{self.value:,.0f} tokens"
+
+
+def goal_of(targets: Targets, matched: Sequence[float]) -> Goal | None:
+    """``--to-loss``, else ``--to-tokens``, else the most tokens every run trained (the last
+    matched count); None when the runs' token counts do not overlap."""
+    if targets.to_loss is not None:
+        return Goal("loss", targets.to_loss)
+    if targets.to_tokens is not None:
+        return Goal("tokens", targets.to_tokens)
+    return Goal("tokens", matched[-1]) if matched else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run at the goal: run time to reach it (None: not reached) and what that cost at the
+    run's own market (None: not reached, or no price)."""
+
+    label: str
+    market: prices.Market
+    rate: Rate
+    seconds: float | None
+    usd: float | None
+
+
+def outcomes(summaries: Sequence[Summary], goal: Goal) -> list[Outcome]:
+    """Each run's :class:`Outcome` at ``goal``, at the rate of :func:`market_of`."""
+    found = []
+    for s in summaries:
+        market = market_of(s.run)
+        if goal.kind == "loss":
+            seconds = first_reaching(s.run, loss=goal.value)
+        else:
+            seconds = first_reaching(s.run, tokens=goal.value)
+        rate = s.rates[market]
+        found.append(Outcome(s.run.label, market, rate, seconds, cost_of(rate, s.nodes, seconds)))
+    return found
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``17.5 min`` or ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * SECONDS_PER_HOUR:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / SECONDS_PER_HOUR:.1f} h"
+
+
+def usd(value: float) -> str:
+    """``$1,234.57``; four significant digits below $1 (runs of seconds cost fractions of a
+    cent)."""
+    return f"${value:,.2f}" if value >= 1 else f"${value:.4g}"
+
+
+def verdict(outcomes_: Sequence[Outcome], goal: Goal) -> list[str]:
+    """One sentence per run after the first, comparing it with the first (the reference):
+    which reaches ``goal`` for less and how much longer it takes, or why that is unknown."""
+    reference = outcomes_[0]
+    return [_sentence(reference, other, goal) for other in outcomes_[1:]]
+
+
+def _reach(o: Outcome) -> str:
+    cost = "at an unknown cost" if o.usd is None else f"for {usd(o.usd)}"
+    return f"in {duration(o.seconds or 0.0)} {cost}"
+
+
+def _sentence(a: Outcome, b: Outcome, goal: Goal) -> str:
+    missed = [o.label for o in (a, b) if o.seconds is None]
+    if missed:
+        reached = [o for o in (a, b) if o.seconds is not None]
+        head = f"On this job, {' and '.join(missed)} did not reach {goal.describe()}"
+        if not reached:
+            return head + "."
+        return f"{head}; {reached[0].label} reaches it {_reach(reached[0])}."
+    head = f"On this job, {a.label} reaches {goal.describe()} {_reach(a)} and {b.label} {_reach(b)}"
+    assert a.seconds is not None and b.seconds is not None
+    if a.usd is None or b.usd is None:
+        faster, slower = (a, b) if a.seconds <= b.seconds else (b, a)
+        unpriced = ", ".join(o.label for o in (a, b) if o.usd is None)
+        return (
+            f"{head}: {faster.label} is {_percent(slower.seconds or 0.0, faster.seconds or 0.0)} "
+            f"faster; no price for {unpriced}, so no cost comparison."
+        )
+    cheap, dear = (a, b) if a.usd <= b.usd else (b, a)
+    assert cheap.usd is not None and dear.usd is not None
+    cost = (
+        f"{cheap.label} costs {_percent(dear.usd, cheap.usd)} less"
+        if dear.usd > cheap.usd
+        else f"both cost {usd(cheap.usd)}"
+    )
+    if cheap.seconds == dear.seconds:
+        time = "takes as long"
+    elif (cheap.seconds or 0.0) > (dear.seconds or 0.0):
+        time = f"takes {_percent(cheap.seconds or 0.0, dear.seconds or 0.0, longer=True)} longer"
+    else:
+        time = f"is {_percent(dear.seconds or 0.0, cheap.seconds or 0.0)} faster"
+    return f"{head}: {cost} and {time}."
+
+
+def _percent(high: float, low: float, *, longer: bool = False) -> str:
+    """How much ``low`` is below ``high``, in percent of ``high`` (or, ``longer``, how much
+    ``high`` is above ``low``, in percent of ``low``)."""
+    base = low if longer else high
+    return f"{(high - low) / base * 100:.0f}%" if base else "0%"

@@ -1,12 +1,11 @@
-"""`trnctl compare`: runs side by side (time to first step, throughput, MFU, loss, cost), as a
-terminal table and, with --out, an HTML report with plots."""
+"""`trnctl compare`: runs side by side (a verdict, time to first step, throughput, MFU, loss,
+cost), as a terminal table, as JSON with --json and, with --out, an HTML report with plots."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,17 +13,11 @@ import typer
 from rich.table import Table
 
 from trn_catalog import prices
-from trnctl import aws, compare, cost, jobs
+from trnctl import aws, compare, compare_report, cost, jobs
 from trnctl.commands import common
 from trnctl.commands.common import RegionOption
-from trnctl.compare import Run, Summary, Targets
+from trnctl.compare import Run, Targets
 from trnctl.errors import ExitCode, TrnctlError
-
-MARKET_NAMES: dict[prices.Market, str] = {
-    "on-demand": "On-Demand",
-    "capacity-block": "Capacity Block",
-}
-PLOT_TITLES = ("Loss vs tokens", "Tokens/s vs time")
 
 
 def compare_command(
@@ -32,16 +25,29 @@ def compare_command(
         list[str],
         typer.Argument(
             help="Metrics files, or job names (with --env: the job's metrics in the "
-            "environment's checkpoints bucket). The first run is the loss reference.",
+            "environment's checkpoints bucket). The first run is the reference.",
             show_default=False,
         ),
     ],
     env: Annotated[
         str | None, typer.Option("--env", help="Environment of the runs given as job names.")
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="RUN=NAME: show the run given as RUN (a file or job name) as NAME; repeatable.",
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write an HTML report with plots here.")
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print every figure, the verdict and the prices as JSON instead."
+        ),
+    ] = False,
     price: Annotated[
         list[str] | None,
         typer.Option(
@@ -70,14 +76,18 @@ def compare_command(
     ] = None,
     region: RegionOption = None,
 ) -> None:
-    """Compare training runs: time to first step, steady tokens/s and MFU, loss at matched
-    token counts, and cost at On-Demand and Capacity Block rates."""
+    """Compare training runs: a verdict first (which reaches the target for less, and how much
+    longer it takes), then time to first step, steady tokens/s and MFU, loss at matched token
+    counts, and cost at On-Demand and Capacity Block rates. Metrics files need no AWS
+    configuration: without a region, runs are priced by --price alone."""
     overrides = compare.parse_prices(price or [])
     outputs = common.outputs_of(env, region) if env else None
-    resolved = outputs.region if outputs else common.region_of(region)
-    parsed = [_load(run, outputs) for run in runs]
+    resolved = outputs.region if outputs else region or aws.session_region()
+    if live and not resolved:
+        raise TrnctlError("--live needs a region: pass --region or set AWS_REGION", ExitCode.USAGE)
+    parsed = compare.with_labels([_load(run, outputs) for run in runs], runs, label or [])
     types = sorted({r.header["instance_type"] for r in parsed if r.header["instance_type"]})
-    live_rates = _live_rates(types, resolved) if live else {}
+    live_rates = _live_rates(types, resolved) if live and resolved else {}
     rates = [
         {
             m: compare.rate_for(r.header["instance_type"], m, resolved, overrides, live_rates)
@@ -87,19 +97,31 @@ def compare_command(
     ]
     targets = Targets(warmup_steps=warmup_steps, to_tokens=to_tokens, to_loss=to_loss)
     summaries, matched = compare.summarize(parsed, rates, targets)
-    rows = table_rows(summaries, matched, targets)
-    table = Table(title=f"{len(parsed)} runs, prices for {resolved}")
-    table.add_column("")
-    for summary in summaries:
-        table.add_column(summary.run.label, overflow="fold")
-    for name, cells in rows:
-        table.add_row(name, *cells)
-    common.console().print(table)
-    for line in notes(summaries):
-        common.console().print(line, highlight=False)
+    comparison = compare_report.build(summaries, matched, targets, resolved, datetime.now(UTC))
+    if as_json:
+        typer.echo(json.dumps(compare_report.to_json(comparison), indent=2))
+    else:
+        _print(comparison)
     if out is not None:
-        out.write_text(html_report(summaries, rows, matched), encoding="utf-8")
-        common.console().print(f"report: {out}", highlight=False)
+        out.write_text(compare_report.html_report(comparison), encoding="utf-8")
+        typer.echo(f"report: {out}", err=as_json)
+
+
+def _print(comparison: compare_report.Comparison) -> None:
+    """The verdict, the table and the notes on the terminal."""
+    console = common.console()
+    for line in comparison.verdict:
+        console.print(line, highlight=False, soft_wrap=True)
+    where = comparison.region or "no region: --price only"
+    table = Table(title=f"{len(comparison.summaries)} runs, prices for {where}")
+    table.add_column("")
+    for summary in comparison.summaries:
+        table.add_column(summary.run.label, overflow="fold")
+    for row in compare_report.shown(comparison):
+        table.add_row(row.name, *row.cells)
+    console.print(table)
+    for line in compare_report.notes(comparison.summaries):
+        console.print(line, highlight=False)
 
 
 def _load(name: str, outputs: Any) -> Run:
@@ -147,158 +169,3 @@ def _job_metrics(job: str, outputs: Any) -> str:
 def _live_rates(types: Sequence[str], region: str) -> dict[str, float | None]:
     pricing = aws.client("pricing", cost.PRICING_REGION)
     return {t: cost.live_on_demand(pricing, t, region) for t in types}
-
-
-def _number(value: float | None, fmt: str, unit: str = "") -> str:
-    return "-" if value is None else f"{value:{fmt}}{unit}"
-
-
-def money(value: float | None) -> str:
-    """``$1,234.57``, or four significant digits below $100 (runs of seconds cost cents)."""
-    if value is None:
-        return "-"
-    return f"${value:,.2f}" if value >= 100 else f"${value:.4g}"
-
-
-def _reached(seconds: float | None) -> str:
-    return "not reached" if seconds is None else f"{seconds:,.1f} s"
-
-
-def _cost_reached(seconds: float | None, usd: float | None) -> str:
-    return "not reached" if seconds is None else money(usd)
-
-
-def table_rows(
-    summaries: Sequence[Summary], matched: Sequence[float], targets: Targets
-) -> list[tuple[str, list[str]]]:
-    """The table, one row per figure, one cell per run."""
-
-    def row(name: str, cell: Callable[[Summary], str]) -> tuple[str, list[str]]:
-        return name, [cell(s) for s in summaries]
-
-    reference = summaries[0].run.label
-    at = f"loss at {matched[-1]:,.0f} tokens" if matched else "loss at matched tokens"
-    rows = [
-        row("target", lambda s: compare.target_of(s.run)),
-        row("instance", lambda s: f"{s.run.header['nodes']} x {_instance(s.run)}"),
-        row(
-            "device, precision", lambda s: f"{s.run.header['device']}, {s.run.header['precision']}"
-        ),
-        row("model", lambda s: str(s.run.header["model"])),
-        row("global batch (tokens)", lambda s: f"{s.run.header['global_batch_tokens']:,}"),
-        row("time to first step", lambda s: f"{s.first_step_s:,.1f} s"),
-        row("steady tokens/s", lambda s: _number(s.tokens_per_s, ",.1f")),
-        row("MFU", lambda s: _number(s.mfu, ".2%")),
-        row("run time", lambda s: f"{s.total_s:,.1f} s"),
-        row("tokens trained", lambda s: f"{s.total_tokens:,}"),
-        row(at, lambda s: _number(s.loss_at_matched, ".4f")),
-        row(f"mean |loss - {reference}|", lambda s: _number(s.loss_difference, ".4f")),
-    ]
-    for market, name in MARKET_NAMES.items():
-        rows += [
-            (f"{name} $/instance-h", [money(s.rates[market].usd_per_hour) for s in summaries]),
-            (f"{name} $ per 1M tokens", [money(s.per_million[market]) for s in summaries]),
-            (f"{name} $ for the run", [money(s.whole_run[market]) for s in summaries]),
-        ]
-    if targets.to_tokens is not None:
-        goal = f"{targets.to_tokens:,.0f} tokens"
-        rows.append(row(f"time to {goal}", lambda s: _reached(s.to_tokens_s)))
-        rows += [
-            (
-                f"{name} $ to {goal}",
-                [_cost_reached(s.to_tokens_s, s.to_tokens_cost[market]) for s in summaries],
-            )
-            for market, name in MARKET_NAMES.items()
-        ]
-    if targets.to_loss is not None:
-        goal = f"loss {targets.to_loss:g}"
-        rows.append(row(f"time to {goal}", lambda s: _reached(s.to_loss_s)))
-        rows += [
-            (
-                f"{name} $ to {goal}",
-                [_cost_reached(s.to_loss_s, s.to_loss_cost[market]) for s in summaries],
-            )
-            for market, name in MARKET_NAMES.items()
-        ]
-    return rows
-
-
-def _instance(run: Run) -> str:
-    return str(run.header["instance_type"] or "local")
-
-
-def notes(summaries: Sequence[Summary]) -> list[str]:
-    """Where each rate comes from (or what to pass), and runs without a steady state."""
-    lines = []
-    for s in summaries:
-        for market, name in MARKET_NAMES.items():
-            lines.append(f"{s.run.label}: {name}: {s.rates[market].source}")
-        if s.tokens_per_s is None:
-            lines.append(f"{s.run.label}: no logged interval after warm-up; lower --warmup-steps")
-        if s.run.restarts:
-            lines.append(f"{s.run.label}: resumed {s.run.restarts} time(s); run time adds up")
-    return lines
-
-
-def plots(summaries: Sequence[Summary]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) of loss vs tokens and tokens/s vs run time, one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never a window
-    import matplotlib.pyplot as plt
-
-    images = []
-    for title, x_key, y_key, x_label, y_label in (
-        (PLOT_TITLES[0], "tokens", "loss", "tokens", "loss"),
-        (PLOT_TITLES[1], "time_s", "tokens_per_s", "run time (s)", "tokens/s"),
-    ):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for s in summaries:
-            records = s.run.records
-            ax.plot([r[x_key] for r in records], [r[y_key] for r in records], label=s.run.label)
-        ax.set(title=title, xlabel=x_label, ylabel=y_label)
-        ax.legend()
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png")
-        plt.close(fig)
-        images.append((title, base64.b64encode(buffer.getvalue()).decode("ascii")))
-    return images
-
-
-def html_report(
-    summaries: Sequence[Summary], rows: Sequence[tuple[str, list[str]]], matched: Sequence[float]
-) -> str:
-    """A self-contained page: both plots (inline PNG), the table, the losses at every matched
-    token count and the sources of the prices."""
-    e = html.escape
-    head = "".join(f"<th>{e(s.run.label)}</th>" for s in summaries)
-    body = "".join(
-        f"<tr><th>{e(name)}</th>{''.join(f'<td>{e(c)}</td>' for c in cells)}</tr>"
-        for name, cells in rows
-    )
-    figures = "".join(
-        f'<figure><img alt="{e(title)}" src="data:image/png;base64,{png}">'
-        f"<figcaption>{e(title)}</figcaption></figure>"
-        for title, png in plots(summaries)
-    )
-    losses = [compare.losses_at(s.run, matched) for s in summaries]
-    loss_rows = "".join(
-        f"<tr><td>{tokens:,.0f}</td>{''.join(f'<td>{run[i]:.4f}</td>' for run in losses)}</tr>"
-        for i, tokens in enumerate(matched)
-    )
-    used = sorted(
-        {rate.source.rsplit(": ", 1)[-1] for s in summaries for rate in s.rates.values()}
-        & set(prices.PRICE_SOURCES)
-    )
-    sources = "".join(f"<li><b>{e(k)}</b>: {e(prices.PRICE_SOURCES[k])}</li>" for k in used)
-    notes_html = "".join(f"<li>{e(line)}</li>" for line in notes(summaries))
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>trnctl compare</title>"
-        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
-        "</style></head><body><h1>trnctl compare</h1>"
-        f"{figures}<h2>Runs</h2><table id='summary'><tr><th></th>{head}</tr>{body}</table>"
-        f"<h2>Loss at matched token counts</h2><table id='losses'><tr><th>tokens</th>{head}</tr>"
-        f"{loss_rows}</table><h2>Prices</h2><ul>{notes_html}</ul><h3>Sources</h3>"
-        f"<ul>{sources}</ul></body></html>\n"
-    )
