@@ -22,6 +22,7 @@ from constructs_lib._eks import (
 from constructs_lib._props import props_from
 from trn_catalog import allocatable, neuron_stacks, versions
 from trn_catalog import devices as device_modes
+from trn_catalog import observability as obs
 from trn_catalog.workspace import (
     DATASETS_MOUNT,
     FSX_MOUNT,
@@ -104,6 +105,16 @@ class TrainingWorkspaceProps:
             trainer as ``NEURON_LOGICAL_NC_CONFIG``; give the node group's ``lnc`` (the two
             must agree). Default None: the type's default (2 on trn2/trn3, set; trn1 has no
             setting). Not used with ``dra``.
+        environment: the environment's name. With it, every training pod carries the label
+            ``trn-platform/environment`` (for EKS split cost allocation data) and the trainer
+            sends its figures to the CloudWatch agent's EMF listener (``TRN_ENVIRONMENT``,
+            ``AWS_EMF_AGENT_ENDPOINT``; the agent must have ``logs.metrics_collected.emf``, as
+            :class:`NeuronCluster` configures it). Default None: neither.
+        capacity, capacity_reservation_id: how the trn nodes are paid for (``on-demand``,
+            ``capacity-block`` or ``odcr``) and their reservation, passed to the trainer
+            (``TRN_CAPACITY``, ``TRN_CAPACITY_RESERVATION_ID``), which records them in its
+            metrics header for ``trnctl compare``. Default None: not passed.
+        gpu_capacity, gpu_capacity_reservation_id: the same for the GPU node group.
     """
 
     cluster: eks.ICluster
@@ -124,6 +135,11 @@ class TrainingWorkspaceProps:
     gpu_nodes: int = 1
     devices: device_modes.DeviceMode = "plugin"
     lnc: int | None = None
+    environment: str | None = None
+    capacity: str | None = None
+    capacity_reservation_id: str | None = None
+    gpu_capacity: str | None = None
+    gpu_capacity_reservation_id: str | None = None
 
 
 class TrainingWorkspace(Construct):
@@ -365,7 +381,7 @@ class TrainingWorkspace(Construct):
                                 "name": TRAINER_CONTAINER,
                                 "template": {
                                     "metadata": {"labels": ancestor},
-                                    "spec": {"template": {"spec": pod_spec}},
+                                    "spec": {"template": self._pod_template(pod_spec)},
                                 },
                             }
                         ]
@@ -373,6 +389,35 @@ class TrainingWorkspace(Construct):
                 },
             },
         }
+
+    def _pod_template(self, pod_spec: dict[str, Any]) -> dict[str, Any]:
+        """The pod template: with an ``environment``, the pods carry its label, which EKS split
+        cost allocation data can import as a cost allocation tag."""
+        if self.props.environment is None:
+            return {"spec": pod_spec}
+        labels = {obs.ENVIRONMENT_LABEL: self.props.environment}
+        return {"metadata": {"labels": labels}, "spec": pod_spec}
+
+    def _platform_env(self, capacity: str | None, reservation: str | None) -> list[dict[str, Any]]:
+        """What the trainer names its metrics by: the job (the JobSet's name, which Kubeflow
+        Trainer gives the TrainJob's), and with an ``environment`` the environment, the
+        CloudWatch agent and the capacity."""
+        job_label = f"metadata.labels['{obs.JOB_NAME_LABEL}']"
+        env: list[dict[str, Any]] = [
+            {"name": obs.JOB_ENV, "valueFrom": {"fieldRef": {"fieldPath": job_label}}}
+        ]
+        if self.props.environment is not None:
+            env += [
+                {"name": obs.ENVIRONMENT_ENV, "value": self.props.environment},
+                {"name": obs.EMF_AGENT_ENDPOINT_ENV, "value": obs.EMF_AGENT_ENDPOINT},
+            ]
+        for name, value in (
+            (obs.CAPACITY_ENV, capacity),
+            (obs.CAPACITY_RESERVATION_ENV, reservation),
+        ):
+            if value:
+                env.append({"name": name, "value": value})
+        return env
 
     def pod_spec(self, lnc: int | None = None) -> dict[str, Any]:
         """The pod of one trn node in a job: all its devices, EFA, storage and identity. With
@@ -396,6 +441,7 @@ class TrainingWorkspace(Construct):
             {"name": "NEURON_COMPILE_CACHE_URL", "value": props.compile_cache_url},
             {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": NEFF_CACHE_DIR},
             *([{"name": device_modes.LNC_ENV, "value": str(lnc)}] if lnc is not None else []),
+            *self._platform_env(props.capacity, props.capacity_reservation_id),
         ]
         pod = self._pod(
             props.image_uri,
@@ -434,6 +480,7 @@ class TrainingWorkspace(Construct):
             {"name": GPU_INSTANCE_TYPE_ENV, "value": spec.name},
             {"name": "FI_PROVIDER", "value": "efa"},
             *([{"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"}] if spec.efa_rdma else []),
+            *self._platform_env(props.gpu_capacity, props.gpu_capacity_reservation_id),
         ]
         return self._pod(
             props.gpu_image_uri,
@@ -448,7 +495,7 @@ class TrainingWorkspace(Construct):
         image: str,
         node_selector: dict[str, str],
         toleration: dict[str, str],
-        env: list[dict[str, str]],
+        env: list[dict[str, Any]],
         resources: dict[str, Any],
     ) -> dict[str, Any]:
         return {

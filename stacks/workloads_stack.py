@@ -63,6 +63,13 @@ class WorkloadsStack(Stack):
                 gpu_nodes=max(config.gpu.nodes, 1) if config.gpu else 1,
                 devices=config.devices,
                 lnc=config.trn.lnc,
+                environment=config.name,
+                capacity=_trn_capacity(config)[0],
+                capacity_reservation_id=_trn_capacity(config)[1],
+                gpu_capacity=config.gpu.capacity if config.gpu else None,
+                gpu_capacity_reservation_id=(
+                    config.gpu.capacity_reservation_id if config.gpu else None
+                ),
             ),
         )
         # Charts install the device plugins and the job engine the workspace's jobs rely on.
@@ -129,6 +136,15 @@ def _ultraserver_outputs(config: PlatformConfig) -> dict[str, Any]:
         "ultraserver_type": spec.name,
         "ultraserver_ids": ",".join(config.trn.ultraserver_reservation_ids),
     }
+
+
+def _trn_capacity(config: PlatformConfig) -> tuple[str, str | None]:
+    """How the trn nodes are paid for and their reservation, which the trainer records in its
+    metrics header: an UltraServer environment's are Capacity Blocks (comma-separated ids)."""
+    trn = config.trn
+    if trn.ultraserver_reservation_ids:
+        return "capacity-block", ",".join(trn.ultraserver_reservation_ids)
+    return trn.capacity, trn.capacity_reservation_id
 
 
 def _output_id(key: str) -> str:

@@ -157,11 +157,16 @@ def test_the_gpu_runtime_runs_on_the_gpu_group_with_the_trainer_jobs_names(
         ws.NODE_TYPE_LABEL: ws.GPU_NODE_TYPE,
         "node.kubernetes.io/instance-type": gpu_type,
     }
-    assert {e["name"]: e["value"] for e in container["env"]} == {
+    assert {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]} == {
         ws.GPU_INSTANCE_TYPE_ENV: gpu_type,
         "FI_PROVIDER": "efa",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "TRN_SHUTDOWN_TIMEOUT_S": "270",
+        # The trainer's CloudWatch metrics name the environment and the job (its JobSet).
+        "TRN_JOB": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/jobset-name']"}},
+        "TRN_ENVIRONMENT": "trn-dev",
+        "AWS_EMF_AGENT_ENDPOINT": "tcp://cloudwatch-agent.amazon-cloudwatch.svc.cluster.local:25888",
+        "TRN_CAPACITY": "on-demand",
     }
     # The trn runtime is unchanged beside it.
     assert jobs.runtime_drift(synthesized_runtime(synth), trn_catalog.get("trn3.48xlarge")) == []
@@ -206,13 +211,13 @@ def test_a_gpu_job_on_the_synthesized_gpu_runtime_makes_a_conforming_gpu_pod(
     trainer = job["spec"]["trainer"]
     pod = copy.deepcopy(trainer_job(runtime)["template"]["spec"]["template"]["spec"])
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    env |= {e["name"]: e["value"] for e in trainer["env"]}
+    # The job's variables win over the runtime's, as Kubeflow Trainer merges them.
+    env = {e["name"]: e for e in container["env"]} | {e["name"]: e for e in trainer["env"]}
     container.update(
         image=trainer["image"],
         command=trainer["command"],
         args=trainer["args"],
-        env=[{"name": k, "value": v} for k, v in env.items()],
+        env=[*env.values()],
     )
 
     assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
@@ -222,7 +227,7 @@ def test_a_gpu_job_on_the_synthesized_gpu_runtime_makes_a_conforming_gpu_pod(
     limits = container["resources"]["limits"]
     assert limits[ws.GPU_RESOURCE] == spec.gpus == trainer["numProcPerNode"]
     assert limits["vpc.amazonaws.com/efa"] == spec.efa_interfaces
-    assert env[ws.GPU_INSTANCE_TYPE_ENV] == gpu_type
-    assert env["TRN_METRICS_FILE"] == "/fsx/checkpoints/run-p5/metrics.jsonl"
+    assert env[ws.GPU_INSTANCE_TYPE_ENV]["value"] == gpu_type
+    assert env["TRN_METRICS_FILE"]["value"] == "/fsx/checkpoints/run-p5/metrics.jsonl"
     assert pod["nodeSelector"][ws.NODE_TYPE_LABEL] == ws.GPU_NODE_TYPE
     assert {t["key"] for t in pod["tolerations"]} == {ws.GPU_TAINT_KEY}

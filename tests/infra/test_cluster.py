@@ -435,7 +435,7 @@ def test_runtime_states_the_lnc_even_at_the_default(
     """trn3 (dev) runs at its default LNC 2, said in the pod so the compiler and the launcher
     follow the workspace; trn1 (odcr) has no LNC setting."""
     (container,) = runtime_pod(synth_variant(variant))["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env.get("NEURON_LOGICAL_NC_CONFIG") == lnc
 
 
@@ -457,7 +457,7 @@ def test_runtime_asks_for_every_device_and_efa_of_the_node(
     assert pod["serviceAccountName"] == "trainer"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/fsx", "/datasets", "/dev/shm"} <= mounts
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env["NEURON_COMPILE_CACHE_URL"].endswith("/neuron-compile-cache")
     # TorchNeuron's NEFF cache takes a path, not s3://: it shares compiled graphs on FSx.
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"].startswith(shared.FSX_MOUNT + "/")
@@ -471,7 +471,7 @@ def test_runtime_asks_for_every_device_and_efa_of_the_node(
 
 def test_torchrun_gets_the_grace_period_less_a_margin(dev: Synth) -> None:
     pod = runtime_pod(dev)
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
     grace = pod["terminationGracePeriodSeconds"]
     assert grace >= 300  # room for a checkpoint of the largest preset
     assert 0 < int(env["TRN_SHUTDOWN_TIMEOUT_S"]) <= grace - 30
@@ -483,7 +483,9 @@ def test_the_entrypoint_reads_the_runtime_environment(dev: Synth, stack: str) ->
     from trainer import launch
 
     pod = runtime_pod(dev)
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]} | {"NEURON_STACK": stack}
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e} | {
+        "NEURON_STACK": stack
+    }
     job = launch.job_environment(env, compiler="2.27.5334.0", kernel_release="6.1")
     if stack == "native":
         assert job["TORCH_NEURONX_NEFF_CACHE_DIR"].startswith(

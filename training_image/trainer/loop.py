@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import device, hf, lora, optim, parallel, tokenizing
+from trainer import device, emf, hf, lora, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
 from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
@@ -493,6 +494,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         progress=cfg.progress if ranks.is_main else False,
         header=header if data is None else {**header, "data": data},
         started=started,
+        sink=emf.from_env(os.environ) if ranks.is_main else None,
     )
     batches = backend.batches(_stream(sampler, start, max_steps, cfg.grad_accum))
     # Packed rows' padding is never a target, so every packed step weighs its trained targets.

@@ -9,12 +9,23 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
+from trn_catalog import observability as obs
 from trn_catalog.workspace import GPU_INSTANCE_TYPE_ENV
 
 TRAIN = "train"
 EVAL = "eval"
+# Where a platform job's header names its environment, job and capacity (the runtime and trnctl
+# set these variables; a run outside the platform has none, and its header no such keys).
+CAPACITY_ENV = obs.CAPACITY_ENV
+CAPACITY_RESERVATION_ENV = obs.CAPACITY_RESERVATION_ENV
+PLATFORM_FIELDS = {
+    "environment": obs.ENVIRONMENT_ENV,
+    "job": obs.JOB_ENV,
+    "capacity": CAPACITY_ENV,
+    "capacity_reservation_id": CAPACITY_RESERVATION_ENV,
+}
 # The first record a run writes (each start of a resumed run writes its own); see run_header.
 RUN = "run"
 
@@ -72,8 +83,11 @@ def run_header(
     (:func:`node_instance_type`), None outside the platform (a local run); ``started_at``
     (timezone-aware) is written as UTC ISO-8601; ``settings`` (default none: left out) are the
     training settings the run took from flags and defaults (see
-    :meth:`trainer.config.TrainConfig.settings`)."""
+    :meth:`trainer.config.TrainConfig.settings`). A platform job's header also names its
+    environment, job, capacity (``on-demand``, ``capacity-block`` or ``odcr``) and reservation,
+    each where its variable (:data:`PLATFORM_FIELDS`) is set."""
     optional = {} if settings is None else {"settings": dict(settings)}
+    platform = {key: env[name] for key, name in PLATFORM_FIELDS.items() if env.get(name)}
     return {
         "kind": RUN,
         "instance_type": node_instance_type(env),
@@ -88,7 +102,18 @@ def run_header(
         "peak_flops_per_rank": peak_flops_per_rank,
         "started_at": started_at.astimezone(UTC).isoformat(),
         **optional,
+        **platform,
     }
+
+
+class Sink(Protocol):
+    """Where else the records go (:class:`trainer.emf.EmfSink`: CloudWatch)."""
+
+    def train(self, record: dict[str, Any]) -> None: ...
+
+    def eval(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class MetricsLog:
@@ -98,7 +123,8 @@ class MetricsLog:
 
     With a ``header`` (see :func:`run_header`) it writes that first, and every later record
     carries ``elapsed_s``: seconds since ``started``, a :func:`time.perf_counter` reading taken
-    when the run started (default: now)."""
+    when the run started (default: now). With a ``sink`` (default none) every record also goes
+    there."""
 
     def __init__(
         self,
@@ -109,8 +135,9 @@ class MetricsLog:
         stream: TextIO = sys.stderr,
         header: dict[str, Any] | None = None,
         started: float | None = None,
+        sink: Sink | None = None,
     ) -> None:
-        self.total_steps, self.stream = total_steps, stream
+        self.total_steps, self.stream, self.sink = total_steps, stream, sink
         self.progress = stream.isatty() if progress is None else progress
         self._file: TextIO | None = None
         self._started: float | None = None
@@ -133,6 +160,8 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         self._append(self._timed(record))
+        if self.sink is not None:
+            self.sink.train(record)
         if self.progress:
             mfu_text = "" if record.get("mfu") is None else f" mfu {record['mfu']:.1%}"
             self.stream.write(
@@ -145,8 +174,12 @@ class MetricsLog:
         """Appends an eval record (``step``, ``eval_loss``, ``eval_tokens``), marked
         ``"kind": "eval"``; the progress line is left as it is."""
         self._append(self._timed({"kind": EVAL, **record}))
+        if self.sink is not None:
+            self.sink.eval(record)
 
     def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
         if self.progress:
             self.stream.write("\n")
         if self._file is not None:

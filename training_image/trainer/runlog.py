@@ -35,7 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.metrics import node_instance_type, run_header
+from trainer import emf
+from trainer.metrics import Sink, node_instance_type, run_header
 
 METRICS_FILE_ENV = "TRN_METRICS_FILE"
 
@@ -45,7 +46,8 @@ class RunLog:
 
     ``start_tokens`` is what the run had trained before this start (a resumed run), so that the
     first interval's tokens/s counts only this start's tokens; ``clock`` (seconds) times the
-    intervals and must be the one that ``started`` was read from.
+    intervals and must be the one that ``started`` was read from; every record also goes to
+    ``sink`` when given (CloudWatch, :mod:`trainer.emf`).
     """
 
     def __init__(
@@ -56,8 +58,9 @@ class RunLog:
         start_tokens: int = 0,
         started: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        sink: Sink | None = None,
     ) -> None:
-        self._clock = clock
+        self._clock, self._sink = clock, sink
         self._started = clock() if started is None else started
         self._last_time, self._last_tokens = self._started, start_tokens
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -84,19 +87,22 @@ class RunLog:
             )
         interval = now - self._last_time
         rate = (tokens - self._last_tokens) / interval if interval > 0 else 0.0
-        self._write(
-            {
-                "step": step,
-                "loss": float(loss),
-                "tokens": tokens,
-                "tokens_per_s": rate,
-                "elapsed_s": now - self._started,
-            }
-        )
+        record = {
+            "step": step,
+            "loss": float(loss),
+            "tokens": tokens,
+            "tokens_per_s": rate,
+            "elapsed_s": now - self._started,
+        }
+        self._write(record)
+        if self._sink is not None:
+            self._sink.train(record)
         self._last_time, self._last_tokens = now, tokens
 
     def close(self) -> None:
         self._file.close()
+        if self._sink is not None:
+            self._sink.close()
 
 
 def start(
@@ -112,7 +118,9 @@ def start(
     env: Mapping[str, str] = os.environ,
 ) -> RunLog | None:
     """A :class:`RunLog` writing ``TRN_METRICS_FILE`` (its header written now), or None where
-    the variable is unset or this is not rank 0 (``RANK``).
+    the variable is unset or this is not rank 0 (``RANK``). On the platform (the runtime names
+    the CloudWatch agent, the environment and the job) each record also becomes CloudWatch
+    metrics (:mod:`trainer.emf`).
 
     Args:
         model: a name for the model, as the report shows it.
@@ -149,7 +157,7 @@ def start(
         peak_flops_per_rank=peak,
         env=env,
     )
-    return RunLog(path, header, start_tokens=start_tokens)
+    return RunLog(path, header, start_tokens=start_tokens, sink=emf.from_env(env))
 
 
 def catalog_peak_flops_per_rank(instance_type: str, env: Mapping[str, str]) -> float | None:
