@@ -12,6 +12,11 @@ from constructs_lib.network import (
     TrainingNetwork,
     TrainingNetworkProps,
 )
+from constructs_lib.observability import (
+    NodeGroupSummary,
+    TrainingObservability,
+    TrainingObservabilityProps,
+)
 from constructs_lib.plugins import NeuronPlugins, NeuronPluginsProps
 from constructs_lib.preview import PreviewLifecycle, PreviewLifecycleProps
 from constructs_lib.training_image import TrainingImage, TrainingImageProps
@@ -30,6 +35,7 @@ __all__ = [
     "NeuronClusterProps",
     "NeuronPlugins",
     "NeuronPluginsProps",
+    "NodeGroupSummary",
     "PreviewLifecycle",
     "PreviewLifecycleProps",
     "TrainingDataPaths",
@@ -38,6 +44,8 @@ __all__ = [
     "TrainingImageProps",
     "TrainingNetwork",
     "TrainingNetworkProps",
+    "TrainingObservability",
+    "TrainingObservabilityProps",
     "TrainingWorkspace",
     "TrainingWorkspaceProps",
     "TrainiumNodeGroup",

@@ -22,16 +22,15 @@ from aws_cdk import (
 )
 from aws_cdk import aws_budgets as budgets
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as targets
 from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct, IConstruct, IValidation
 
+from constructs_lib._alerts import ALERT_THRESHOLDS, alert_topic, monthly_budget
 from constructs_lib._common import (
     acknowledge_managed_policies,
     acknowledge_wildcards,
@@ -44,7 +43,6 @@ from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 # The resource type CDK gives a stack's own tags (those CloudFormation puts on the stack).
 STACK_TAGS = "aws:cdk:stack"
 REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
-ALERT_THRESHOLDS = (50, 80, 100)
 
 
 @dataclass(frozen=True)
@@ -250,61 +248,23 @@ class PreviewLifecycle(Construct):
         )
 
     def _topic(self) -> sns.Topic:
-        self.alert_key = key = kms.Key(
+        topic, self.alert_key = alert_topic(
             self,
-            "AlertKey",
-            description=f"Encrypts preview {self.props.project}'s budget alerts",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(7),
+            f"Encrypts preview {self.props.project}'s budget alerts",
+            email=self.props.alert_email,
         )
-        budgets_service = iam.ServicePrincipal("budgets.amazonaws.com")
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
-                principals=[budgets_service],
-                resources=["*"],
-            )
-        )
-        topic = sns.Topic(self, "Alerts", master_key=key, enforce_ssl=True)
-        topic.add_to_resource_policy(
-            iam.PolicyStatement(
-                actions=["sns:Publish"],
-                principals=[budgets_service],
-                resources=[topic.topic_arn],
-                conditions={"StringEquals": {"aws:SourceAccount": Stack.of(self).account}},
-            )
-        )
-        if self.props.alert_email:
-            topic.add_subscription(subscriptions.EmailSubscription(self.props.alert_email))
         return topic
 
     def _budget(self) -> budgets.CfnBudget:
         # One path to the alert email, through the topic, which also carries reaper failures.
-        subscribers = [{"subscriptionType": "SNS", "address": self.topic.topic_arn}]
-        return budgets.CfnBudget(
+        # The budget needs the preview tag activated as a cost allocation tag in Billing.
+        return monthly_budget(
             self,
-            "Budget",
-            budget={
-                "budgetName": f"trn-pv-{self.props.project}",
-                "budgetType": "COST",
-                "timeUnit": "MONTHLY",
-                "budgetLimit": {"amount": self.props.budget_usd, "unit": "USD"},
-                # Needs the preview tag activated as a cost allocation tag in Billing.
-                "costFilters": {"TagKeyValue": [f"user:{TAG_PREVIEW}${self.props.project}"]},
-            },
-            notifications_with_subscribers=[
-                {
-                    "notification": {
-                        "notificationType": "ACTUAL",
-                        "comparisonOperator": "GREATER_THAN",
-                        "threshold": threshold,
-                        "thresholdType": "PERCENTAGE",
-                    },
-                    "subscribers": subscribers,
-                }
-                for threshold in self.props.thresholds
-            ],
+            name=f"trn-pv-{self.props.project}",
+            usd=self.props.budget_usd,
+            tag=(TAG_PREVIEW, self.props.project),
+            topic=self.topic,
+            thresholds=self.props.thresholds,
         )
 
 

@@ -27,7 +27,9 @@ class Profile:
 
     ``retain_data`` decides RETAIN (prod) or DESTROY for the stateful resources;
     ``nat_gateways`` is one in dev and preview (cheap, one AZ's egress) and one per AZ in prod (no
-    cross-AZ dependency for egress).
+    cross-AZ dependency for egress); ``default_budget_usd`` is the monthly cost budget an
+    environment of the profile gets without ``budget_usd`` (an order of magnitude: two trn
+    nodes for a working month in dev, more in prod, a few days of one node in a preview).
     """
 
     name: EnvName
@@ -39,6 +41,7 @@ class Profile:
     default_trn_nodes: int
     default_fsx_storage_gib: int
     default_fsx_throughput_per_tib: int
+    default_budget_usd: int
 
 
 PROFILES: dict[EnvName, Profile] = {
@@ -52,6 +55,7 @@ PROFILES: dict[EnvName, Profile] = {
         default_trn_nodes=2,
         default_fsx_storage_gib=1200,
         default_fsx_throughput_per_tib=125,
+        default_budget_usd=10_000,
     ),
     "prod": Profile(
         name="prod",
@@ -63,6 +67,7 @@ PROFILES: dict[EnvName, Profile] = {
         default_trn_nodes=2,
         default_fsx_storage_gib=4800,
         default_fsx_throughput_per_tib=250,
+        default_budget_usd=50_000,
     ),
     "preview": Profile(
         name="preview",
@@ -74,6 +79,7 @@ PROFILES: dict[EnvName, Profile] = {
         default_trn_nodes=1,
         default_fsx_storage_gib=1200,
         default_fsx_throughput_per_tib=125,
+        default_budget_usd=500,
     ),
 }
 
@@ -145,7 +151,7 @@ class PlatformConfig:
     expires_at: datetime | None = None
     budget_email: str | None = None
     admin_role_arn: str | None = None
-    # A preview's monthly cost budget in USD (None outside previews).
+    # The environment's monthly cost budget in USD (None: the profile's default_budget_usd).
     budget_usd: int | None = None
     # The GPU node group (None unless gpu_instance_type is set).
     gpu: GpuCapacity | None = None

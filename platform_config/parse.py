@@ -89,7 +89,6 @@ DEFAULT_REGION = "us-east-2"
 DEFAULT_AVAILABILITY_ZONE = "us-east-2a"
 DEFAULT_INSTANCE_TYPE = trn_catalog.DEFAULT_INSTANCE_TYPE
 DEFAULT_TTL_HOURS = 48
-DEFAULT_BUDGET_USD = 500
 MAX_BUDGET_USD = 1_000_000
 MAX_TRN_NODES = formats.MAX_BLOCK_INSTANCES
 MAX_GPU_NODES = formats.MAX_BLOCK_INSTANCES
@@ -507,26 +506,15 @@ def _preview_ttl(reader: _Reader, preview: str | None) -> int | None:
     )
 
 
-def _budget_usd(reader: _Reader, preview: str | None) -> int | None:
-    return _preview_integer(
-        reader,
-        preview,
-        "budget_usd",
-        DEFAULT_BUDGET_USD,
-        MAX_BUDGET_USD,
-        "it is the preview's monthly cost budget",
-    )
+def _budget_usd(reader: _Reader, profile: Profile) -> int:
+    """The environment's monthly cost budget: ``budget_usd``, else the profile's default."""
+    value = reader.integer("budget_usd", None, 1, MAX_BUDGET_USD)
+    return profile.default_budget_usd if value is None else value
 
 
-def _budget_email(reader: _Reader, preview: str | None) -> str | None:
-    email = reader.matching("budget_email", formats.EMAIL, "expected an email address")
-    reader.check(
-        email is None or preview is not None,
-        "budget_email",
-        email,
-        "only used with preview=<project>; it receives the preview's budget alerts",
-    )
-    return email
+def _budget_email(reader: _Reader) -> str | None:
+    """An address that gets the environment's budget and alarm alerts."""
+    return reader.matching("budget_email", formats.EMAIL, "expected an email address")
 
 
 def parse_config(
@@ -582,8 +570,8 @@ def parse_config(
         preview=preview,
         ttl_hours=ttl_hours,
         expires_at=(now + timedelta(hours=ttl_hours)) if now and ttl_hours else None,
-        budget_email=_budget_email(reader, preview),
-        budget_usd=_budget_usd(reader, preview),
+        budget_email=_budget_email(reader),
+        budget_usd=_budget_usd(reader, profile),
         admin_role_arn=reader.matching(
             "admin_role_arn",
             _ROLE_ARN,

@@ -18,6 +18,7 @@ from constructs_lib import (
 from platform_config import NodeCapacity, PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog import devices as device_modes
+from trn_catalog import observability as obs
 
 
 class ClusterStack(Stack):
@@ -90,11 +91,15 @@ def _ultraserver_groups(
 
 
 def _device_labels(config: PlatformConfig) -> dict[str, str]:
-    """How the trn nodes' devices are managed and their LNC, for trnctl preflight to read."""
+    """How the trn nodes' devices are managed and their LNC, for trnctl preflight to read; under
+    DRA also the label the Neuron device plugin would have set, which Neuron Observer selects
+    its nodes by."""
     lnc = config.trn.lnc or config.trn.spec.default_lnc
+    dra = config.devices == "dra"
     return {
         device_modes.DEVICES_LABEL: config.devices,
-        device_modes.LNC_LABEL: device_modes.LNC_PER_JOB if config.devices == "dra" else str(lnc),
+        device_modes.LNC_LABEL: device_modes.LNC_PER_JOB if dra else str(lnc),
+        **({obs.NEURON_PRESENT_LABEL: "true"} if dra else {}),
     }
 
 

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Stack
+from aws_cdk import Annotations, CfnOutput, Stack
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from constructs_lib import (
     GpuNodeGroup,
     NeuronCluster,
+    NodeGroupSummary,
     TrainingDataPaths,
     TrainingImage,
+    TrainingObservability,
+    TrainingObservabilityProps,
     TrainingWorkspace,
     TrainingWorkspaceProps,
     TrainiumNodeGroup,
 )
 from platform_config import PlatformConfig
-from trn_catalog.outputs import EnvironmentOutputs, parameter_name
+from stacks._removal import removal_policy
+from trn_catalog.outputs import PREVIEW_REGIONS, EnvironmentOutputs, parameter_name
 from trn_catalog.workspace import GPU_RUNTIME_NAME
 
 
@@ -75,6 +79,7 @@ class WorkloadsStack(Stack):
         # Charts install the device plugins and the job engine the workspace's jobs rely on.
         for chart in cluster.charts.values():
             self.workspace.manifest.node.add_dependency(chart)
+        self.observability = self._observability(config, data)
         self.outputs = EnvironmentOutputs(
             environment=config.name,
             region=config.region,
@@ -99,6 +104,8 @@ class WorkloadsStack(Stack):
             lnc=0 if config.devices == "dra" else config.trn.lnc or config.trn.spec.default_lnc,
             **_gpu_outputs(config, gpu, image),
             **_ultraserver_outputs(config),
+            alert_topic_arn=self.observability.topic.topic_arn,
+            dashboard=config.name,
         )
         self.parameter = ssm.StringParameter(
             self,
@@ -109,6 +116,42 @@ class WorkloadsStack(Stack):
         )
         for key, value in self.outputs.published().items():
             CfnOutput(self, _output_id(key), value=str(value), description=key)
+
+    def _observability(
+        self, config: PlatformConfig, data: TrainingDataPaths
+    ) -> TrainingObservability:
+        """The dashboard, alarms, alert topic and budget of the environment, whose cluster the
+        cluster stack names after it."""
+        return TrainingObservability(
+            self,
+            "Observability",
+            props=TrainingObservabilityProps(
+                environment=config.name,
+                cluster_name=config.name,
+                namespace=self.workspace.props.namespace,
+                file_system_id=data.file_system.file_system_id,
+                node_groups=_node_groups(config),
+                alert_email=config.budget_email,
+                budget_usd=_budget_usd(self, config),
+                log_retention_days=config.profile.log_retention_days,
+                removal_policy=removal_policy(config),
+            ),
+        )
+
+
+def _budget_usd(scope: Stack, config: PlatformConfig) -> int | None:
+    """The environment's monthly budget, where CloudFormation offers one: a preview's comes with
+    its lifecycle stack instead."""
+    if config.preview is not None:
+        return None
+    if config.region not in PREVIEW_REGIONS:
+        Annotations.of(scope).add_warning_v2(
+            "trn:no-budget",
+            f"{config.region}: CloudFormation has no AWS::Budgets::Budget here; "
+            f"{config.name} gets no monthly budget",
+        )
+        return None
+    return config.budget_usd or config.profile.default_budget_usd
 
 
 def _gpu_outputs(
@@ -136,6 +179,15 @@ def _ultraserver_outputs(config: PlatformConfig) -> dict[str, Any]:
         "ultraserver_type": spec.name,
         "ultraserver_ids": ",".join(config.trn.ultraserver_reservation_ids),
     }
+
+
+def _node_groups(config: PlatformConfig) -> list[NodeGroupSummary]:
+    trn_capacity = _trn_capacity(config)[0]
+    groups = [NodeGroupSummary("trn", config.trn.instance_type, config.trn.nodes, trn_capacity)]
+    if config.gpu is not None:
+        gpu = config.gpu
+        groups.append(NodeGroupSummary("gpu", gpu.instance_type, gpu.nodes, gpu.capacity))
+    return groups
 
 
 def _trn_capacity(config: PlatformConfig) -> tuple[str, str | None]:

@@ -71,6 +71,10 @@ JOB_ENV = "TRN_JOB"
 CAPACITY_ENV = "TRN_CAPACITY"
 CAPACITY_RESERVATION_ENV = "TRN_CAPACITY_RESERVATION_ID"
 JOB_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# Neuron Observer's daemon (Neuron 2.33, beta; "How to install and configure Neuron Observer on
+# Amazon EKS") runs on nodes with this label, which the Neuron device plugin sets; under DRA there
+# is no device plugin, so the trn node group sets it.
+NEURON_PRESENT_LABEL = "neuron.amazonaws.com/present"
 # The training pods' label of their environment; with JOB_NAME_LABEL, what EKS split cost
 # allocation data can import as cost allocation tags (activated in Billing).
 ENVIRONMENT_LABEL = "trn-platform/environment"

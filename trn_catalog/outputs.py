@@ -27,8 +27,9 @@ STACK_ONLY_TAGS = (TAG_EXPIRES_AT,)
 # A preview's expiry lies at most two weeks ahead (ttl_hours at synth; `trnctl preview extend`
 # moves it to at most two weeks from the moment it runs).
 MAX_PREVIEW_TTL_HOURS = 24 * 14
-# Where a preview can deploy: its budget is CloudFormation's AWS::Budgets::Budget, which the
-# regional resource schemas (as cfn-lint 1.58 ships them) offer in these regions only.
+# Where a preview can deploy, and where any environment gets a budget: CloudFormation's
+# AWS::Budgets::Budget, which the regional resource schemas (as cfn-lint 1.58 ships them) offer
+# in these regions only.
 PREVIEW_REGIONS = frozenset(
     {
         "ap-northeast-1",
@@ -107,6 +108,10 @@ class EnvironmentOutputs:
     # The zone of the trn capacity, which cannot move once deployed (docs/deploying.md); empty
     # in outputs written before this key existed.
     availability_zone: str = ""
+    # The environment's alert topic (alarms and budget) and dashboard; empty in outputs written
+    # before they existed.
+    alert_topic_arn: str = ""
+    dashboard: str = ""
 
     @property
     def ultraserver_id_list(self) -> list[str]:

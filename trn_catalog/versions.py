@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trn_catalog.instances import CATALOG
+
 KUBERNETES_VERSION = "1.35"
 
 
@@ -40,6 +42,29 @@ class ChartPin:
     source: str
 
 
+# The CloudWatch agent of the amazon-cloudwatch-observability add-on: Container Insights with
+# enhanced observability (its Neuron and EFA metrics, "accelerated_compute_metrics", default on
+# in agent v1.300066.0, awscontainerinsight/utils.go), and the EMF listener the trainer sends
+# its figures to (trn_catalog.observability). A given agent.config replaces the chart's
+# defaultConfig (values.yaml at chart 5.3.1), whose Application Signals the platform does not use.
+CLOUDWATCH_AGENT_CONFIG: Mapping[str, Any] = {
+    "logs": {"metrics_collected": {"kubernetes": {"enhanced_container_insights": True}, "emf": {}}}
+}
+
+
+def neuron_monitor_affinity() -> dict[str, Any]:
+    """The add-on's neuron-monitor on the catalog's Trainium types. The chart's own list (chart
+    5.3.1 values.yaml, neuronMonitor.affinity) stops at trn2u.48xlarge: without this, trn3 nodes
+    would have no Neuron metrics. Helm replaces the whole affinity, so the chart's Fargate
+    exclusion is kept."""
+    terms = [
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": sorted(CATALOG)},
+        {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate"]},
+    ]
+    required = {"nodeSelectorTerms": [{"matchExpressions": terms}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
 # EKS add-ons for Kubernetes 1.35, each at an exact version. The first five are the versions
 # awslabs/cdk-eks-blueprints pins for 1.35 (2026-04). The other three come from public
 # infrastructure code running EKS 1.35 (dates below); no AWS page lists add-on versions per
@@ -60,8 +85,13 @@ ADDONS: tuple[AddonPin, ...] = (
     AddonPin(
         "amazon-cloudwatch-observability",
         "v5.3.1-eksbuild.1",
-        "cdk-eks-blueprints 1.35 pins",
-        service_account=("amazon-cloudwatch", "cloudwatch-agent"),
+        "cdk-eks-blueprints 1.35 pins; chart 5.3.1 is aws-observability/helm-charts@132c642 "
+        "(agent 1.300066.0b1367, operator 3.3.3, neuron-monitor 1.8.0)",
+        {
+            "agent": {"config": CLOUDWATCH_AGENT_CONFIG},
+            "neuronMonitor": {"affinity": neuron_monitor_affinity()},
+        },
+        ("amazon-cloudwatch", "cloudwatch-agent"),
     ),
     AddonPin(
         "aws-fsx-csi-driver",

@@ -80,10 +80,13 @@ def test_preview_profile() -> None:
     assert parse(preview="team-nlp").ttl_hours == 48
 
 
-def test_preview_budget_defaults_to_500_usd_and_is_set_per_preview() -> None:
+def test_every_environment_has_a_budget_its_profiles_by_default() -> None:
     assert parse(preview="team-nlp").budget_usd == 500
     assert parse(preview="team-nlp", budget_usd="2500").budget_usd == 2500
-    assert parse().budget_usd is None
+    assert parse().budget_usd == 10_000
+    assert parse(env="prod").budget_usd == 50_000
+    assert parse(env="prod", budget_usd="80000").budget_usd == 80_000
+    assert parse(budget_email="ml@example.com").budget_email == "ml@example.com"
 
 
 BAD_INPUT = [
@@ -133,9 +136,8 @@ BAD_INPUT = [
         {"admin_role_arn": "arn:aws:iam::210987654321:user/alice"},
         r"admin_role_arn: .*:user/alice' .*IAM role ARN",
     ),
-    ({"budget_email": "ml@example.com"}, r"budget_email: .*only used with preview=<project>"),
     ({"preview": "nlp", "budget_email": "ml"}, r"budget_email: 'ml' .*email address"),
-    ({"budget_usd": "800"}, r"budget_usd: '800' .*only used with preview=<project>"),
+    ({"budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
     ({"preview": "nlp", "budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
     ({"preview": "nlp", "budget_usd": "lots"}, r"budget_usd: 'lots' .*whole number"),
     (

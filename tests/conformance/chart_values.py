@@ -344,6 +344,24 @@ EFA = ChartValues(
     pods=(ChartPod("resources", (), REQUESTED),),
 )
 
+# The amazon-cloudwatch-observability chart at 5.3.1, the EKS add-on v5.3.1's: only the keys the
+# add-on's configuration here sets (the add-on's own schema, eks:DescribeAddonConfiguration, is
+# checked by `trnctl addons` before a deploy).
+CLOUDWATCH_OBSERVABILITY = ChartValues(
+    chart="amazon-cloudwatch-observability",
+    version="v5.3.1-eksbuild.1",
+    source=(
+        "aws-observability/helm-charts@132c642a6e33a54c77c881256500f85b63e1035a "
+        "charts/amazon-cloudwatch-observability/values.yaml"
+    ),
+    keys={
+        "agent": MAP,
+        "agent.config": ANY,
+        "neuronMonitor": MAP,
+        "neuronMonitor.affinity": FREE,
+    },
+)
+
 # kubeflow/trainer at tag v2.3.0. `jobset` and `lws` are subcharts: only the keys this
 # chart's own values file sets for them are listed.
 TRAINER = ChartValues(
