@@ -24,6 +24,11 @@ RESERVATION_PLACEHOLDER = "<reservation id printed by trnctl capacity buy --yes>
 COUNT_PLACEHOLDER = "<the block's instance count>"
 # Where EC2 keeps a Capacity Block's size until it starts (its TotalInstanceCount is 0 till then).
 REQUESTED_QUANTITY_TAG = "aws:ec2capacityreservation:incrementalRequestedQuantity"
+# What the block cost, in USD per instance-hour, as `capacity buy --upfront-fee` records it on the
+# reservation: EC2 keeps no price on a purchased block (DescribeCapacityReservations and
+# DescribeCapacityBlocks have no fee field; botocore's EC2 model), so `job cost` and `compare`
+# read the block's rate here.
+RATE_TAG = "trn-platform:usd-per-instance-hour"
 
 
 def duration_hours(days: int) -> int:
@@ -261,3 +266,44 @@ def reservations_of(response: dict[str, Any]) -> list[dict[str, Any]]:
         response["CapacityReservation"]
     ]
     return reservations
+
+
+def _tags(reservation: dict[str, Any]) -> dict[str, str]:
+    return {tag.get("Key", ""): tag.get("Value", "") for tag in reservation.get("Tags") or []}
+
+
+def recorded_rate(reservation: dict[str, Any]) -> float | None:
+    """The USD per instance-hour :data:`RATE_TAG` records on a reservation, or None (no tag, or
+    not a number above 0)."""
+    try:
+        rate = float(_tags(reservation).get(RATE_TAG, ""))
+    except ValueError:
+        return None
+    return rate if 0 < rate < float("inf") else None
+
+
+def rate_of_purchase(reservations: list[dict[str, Any]], upfront_fee: Decimal) -> Decimal | None:
+    """A purchase's USD per instance-hour: ``upfront_fee`` over the instance-hours of all its
+    reservations (a segmented offering makes one per segment); None where EC2 gives a count or
+    dates of none of them."""
+    hours = Decimal(0)
+    for reservation in reservations:
+        count = block_instance_count(reservation)
+        start, end = reservation.get("StartDate"), reservation.get("EndDate")
+        if count is None or start is None or end is None:
+            return None
+        hours += count * Decimal((end - start).total_seconds()) / 3600
+    return upfront_fee / hours if hours > 0 else None
+
+
+def record_rate(ec2: Any, reservations: list[dict[str, Any]], rate: Decimal) -> None:
+    """Tags every reservation with :data:`RATE_TAG` (USD per instance-hour, 6 significant
+    digits).
+
+    Raises:
+        botocore.exceptions.ClientError: EC2 refused the tags.
+    """
+    ec2.create_tags(
+        Resources=[r["CapacityReservationId"] for r in reservations],
+        Tags=[{"Key": RATE_TAG, "Value": f"{rate:.6g}"}],
+    )

@@ -457,8 +457,13 @@ def usd(value: float) -> str:
 
 def verdict(outcomes_: Sequence[Outcome], goal: Goal) -> list[str]:
     """One sentence per run after the first, comparing it with the first (the reference):
-    which reaches ``goal`` for less and how much longer it takes, or why that is unknown."""
+    which reaches ``goal`` for less and how much longer it takes, or why that is unknown; for
+    a run alone, what it took to reach ``goal``."""
     reference = outcomes_[0]
+    if len(outcomes_) == 1:
+        if reference.seconds is None:
+            return [f"On this job, {reference.label} did not reach {goal.describe()}."]
+        return [f"On this job, {reference.label} reaches {goal.describe()} {_reach(reference)}."]
     return [_sentence(reference, other, goal) for other in outcomes_[1:]]
 
 

@@ -19,7 +19,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,6 +291,18 @@ class Cluster:
         with calling(f"list the nodes labelled {selector}"):
             listed = self.core.list_node(label_selector=selector, _request_timeout=REQUEST_TIMEOUT)
         return {n.metadata.name: dict(n.metadata.labels or {}) for n in listed.items}
+
+    def provider_ids(self, names: Sequence[str]) -> dict[str, str | None]:
+        """Each of the nodes ``names`` that still exists: its ``spec.providerID``
+        (``aws:///<az>/<instance id>`` on EKS)."""
+        with calling("list the nodes"):
+            listed = self.core.list_node(_request_timeout=REQUEST_TIMEOUT)
+        wanted = set(names)
+        return {
+            n.metadata.name: (n.spec.provider_id if n.spec else None)
+            for n in listed.items
+            if n.metadata.name in wanted
+        }
 
     def log(self, pod: str) -> str:
         """The trainer container's log. Where the container restarted (the runtime's pods

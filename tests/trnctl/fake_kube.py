@@ -47,8 +47,9 @@ class FakeKube:
     # Pod name -> the log of its previous (restarted) container.
     previous_logs: dict[str, str] = field(default_factory=dict)
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # Node name -> its labels.
+    # Node name -> its labels, and its spec.providerID where set.
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
+    provider_ids: dict[str, str] = field(default_factory=dict)
     on_create: Callable[[dict[str, Any]], None] | None = None
     requests: list[Request] = field(default_factory=list)
 
@@ -211,7 +212,16 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
         def _nodes(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
             selector = q.get("labelSelector", [""])[0]
             items = [
-                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": labels}}
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": n, "labels": labels},
+                    **(
+                        {"spec": {"providerID": state.provider_ids[n]}}
+                        if n in state.provider_ids
+                        else {}
+                    ),
+                }
                 for n, labels in state.nodes.items()
                 if _matches(labels, selector)
             ]

@@ -37,6 +37,9 @@ NODE_SCHEMA = {
                 },
             },
         },
+        # The CloudWatch observability add-on's keys the platform sets (the chart's values).
+        "agent": {"type": "object", "properties": {"config": {"type": "object"}}},
+        "neuronMonitor": {"type": "object", "properties": {"affinity": {"type": "object"}}},
     },
 }
 

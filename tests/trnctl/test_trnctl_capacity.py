@@ -95,7 +95,9 @@ def test_find_sorts_by_price_per_instance_hour_and_prints_the_deploy_flags(
     assert order == ["cb-0bbbbbbbbbbbbbbbb", "cb-0ccccccccccccccccc", "cb-0aaaaaaaaaaaaaaaa"]
     assert "25.00 USD" in run.stdout and "30.00 USD" in run.stdout and "31.25 USD" in run.stdout
     assert (
-        "cheapest: trnctl capacity buy cb-0bbbbbbbbbbbbbbbb --region us-east-2 --yes" in run.stdout
+        "cheapest: trnctl capacity buy cb-0bbbbbbbbbbbbbbbb --upfront-fee 1200.00 "
+        "--region us-east-2 "
+        "--yes" in run.stdout
     )
     assert (
         "then deploy with: -c region=us-east-2 -c availability_zone=us-east-2b "

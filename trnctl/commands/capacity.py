@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
@@ -138,7 +139,11 @@ def _print_offerings(offerings: list[capacity.Offering], title: str, region: str
     console = common.console()
     console.print(table)
     best = offerings[0]
-    console.print(f"cheapest: trnctl capacity buy {best.offering_id} --region {region} --yes")
+    fee = f" --upfront-fee {best.upfront_fee}" if best.currency == "USD" else ""
+    console.print(
+        f"cheapest: trnctl capacity buy {best.offering_id}{fee} --region {region} --yes",
+        soft_wrap=True,
+    )
     if best.ultraserver_type:
         flags = capacity.ultraserver_deploy_flags(
             region=region,
@@ -162,6 +167,16 @@ def capacity_buy(
     offering_id: Annotated[str, typer.Argument(help="Offering id from capacity find (cb-...).")],
     yes: Annotated[bool, typer.Option("--yes", help="Buy; without it, a dry run.")] = False,
     platform: Annotated[str, typer.Option("--platform")] = capacity.PLATFORM,
+    upfront_fee: Annotated[
+        float | None,
+        typer.Option(
+            "--upfront-fee",
+            min=0.01,
+            help="The offering's upfront fee in USD, as capacity find prints it: recorded on "
+            "the reservation as USD per instance-hour, which job cost and compare read (EC2 "
+            "keeps no price on a bought block).",
+        ),
+    ] = None,
     region: RegionOption = None,
 ) -> None:
     """Buy a Capacity Block or an UltraServer Capacity Block (charged up front, not
@@ -181,6 +196,8 @@ def capacity_buy(
         return
     response = capacity.purchase(ec2, offering_id, platform)
     reservations = capacity.reservations_of(response)
+    if upfront_fee is not None:
+        _record_rate(ec2, reservations, Decimal(str(upfront_fee)))
     for reservation in reservations:
         count = capacity.block_instance_count(reservation)
         console.print(
@@ -205,6 +222,25 @@ def capacity_buy(
             reservation_id=reservation["CapacityReservationId"],
         )
         console.print(f"deploy with: {flags}", soft_wrap=True)
+
+
+def _record_rate(ec2: Any, reservations: list[dict[str, Any]], fee: Decimal) -> None:
+    """Records the block's USD per instance-hour on its reservations, or says why not."""
+    console = common.console()
+    rate = capacity.rate_of_purchase(reservations, fee)
+    if rate is None:
+        console.print(
+            "EC2 gave no instance count or dates for the reservation: its price is not "
+            f"recorded; tag it {capacity.RATE_TAG}=<USD per instance-hour> yourself",
+            soft_wrap=True,
+        )
+        return
+    capacity.record_rate(ec2, reservations, rate)
+    console.print(
+        f"recorded ${rate:,.2f} per instance-hour ({capacity.RATE_TAG}) on "
+        f"{', '.join(r['CapacityReservationId'] for r in reservations)}",
+        soft_wrap=True,
+    )
 
 
 def _print_ultraserver_flags(

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
 from trn_catalog import prices
-from trnctl import aws, compare, compare_report, cost, jobs
+from trnctl import aws, compare, compare_report, cost, jobcost, jobs
 from trnctl.commands import common
 from trnctl.commands.common import RegionOption
 from trnctl.compare import Run, Targets
@@ -95,6 +96,9 @@ def compare_command(
         }
         for r in parsed
     ]
+    for run_rates, block in zip(rates, _block_rates(parsed, resolved), strict=True):
+        if block is not None:
+            run_rates["capacity-block"] = block
     targets = Targets(warmup_steps=warmup_steps, to_tokens=to_tokens, to_loss=to_loss)
     summaries, matched = compare.summarize(parsed, rates, targets)
     comparison = compare_report.build(summaries, matched, targets, resolved, datetime.now(UTC))
@@ -164,6 +168,39 @@ def _job_metrics(job: str, outputs: Any) -> str:
             ) from None
         raise
     return str(body.decode("utf-8"))
+
+
+def _block_rates(runs: Sequence[Run], region: str | None) -> list[compare.Rate | None]:
+    """Per run on a Capacity Block (its header's capacity and reservation), the price recorded
+    on the block's reservation at purchase; None for other runs, for a block without a recorded
+    price, and (with a line on stderr) where EC2 cannot be asked."""
+    ids = {r.label: _reservation_ids(r) for r in runs}
+    wanted = sorted({i for found in ids.values() for i in found})
+    if not wanted or region is None:
+        return [None] * len(runs)
+    try:
+        reservations = jobcost.describe_reservations(aws.client("ec2", region), wanted)
+    except (BotoCoreError, ClientError) as error:
+        typer.echo(
+            f"trnctl: cannot read the Capacity Block reservations {', '.join(wanted)}: "
+            f"{error}; their runs are priced by --price or the catalog",
+            err=True,
+        )
+        return [None] * len(runs)
+    found: list[compare.Rate | None] = []
+    for run in runs:
+        recorded = [reservations[i] for i in ids[run.label] if i in reservations]
+        rates = [jobcost.block_rate(r) for r in recorded]
+        found.append(next((r for r in rates if r is not None), None))
+    return found
+
+
+def _reservation_ids(run: Run) -> list[str]:
+    """The reservations a run's header names when it ran on a Capacity Block (an UltraServer
+    environment names each of its blocks, comma-separated)."""
+    if compare.market_of(run) != "capacity-block":
+        return []
+    return [i for i in str(run.header.get("capacity_reservation_id") or "").split(",") if i]
 
 
 def _live_rates(types: Sequence[str], region: str) -> dict[str, float | None]:

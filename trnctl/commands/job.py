@@ -1,4 +1,4 @@
-"""`trnctl job submit|export|status|logs`: training jobs as Kubeflow Trainer TrainJobs."""
+"""`trnctl job submit|export|status|logs|top|cost`: training jobs as Kubeflow Trainer TrainJobs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from trnctl import (
     models,
 )
 from trnctl import code as codes
-from trnctl.commands import common
+from trnctl.commands import common, job_watch
 from trnctl.commands.common import (
     DryRunOption,
     EnvOption,
@@ -34,6 +34,8 @@ app = typer.Typer(
     "--target gpu on the GPU group's cuda-torch runtime).",
     no_args_is_help=True,
 )
+app.command("top")(job_watch.job_top)
+app.command("cost")(job_watch.job_cost)
 
 
 @app.command("submit")
