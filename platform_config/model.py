@@ -153,6 +153,8 @@ class PlatformConfig:
     admin_role_arn: str | None = None
     # The environment's monthly cost budget in USD (None: the profile's default_budget_usd).
     budget_usd: int | None = None
+    # The project every resource is tagged with for cost allocation (context key project).
+    project: str | None = None
     # The GPU node group (None unless gpu_instance_type is set).
     gpu: GpuCapacity | None = None
     # How Neuron and EFA devices reach pods: device plugins, or Dynamic Resource Allocation.

@@ -49,6 +49,7 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "admin_role_arn",
     "budget_email",
     "budget_usd",
+    "project",
     "gpu_instance_type",
     "gpu_nodes",
     "gpu_capacity",
@@ -512,6 +513,12 @@ def _budget_usd(reader: _Reader, profile: Profile) -> int:
     return profile.default_budget_usd if value is None else value
 
 
+def _project(reader: _Reader) -> str | None:
+    """The project the environment's resources are tagged with (a preview's resources also carry
+    its name as ``trn-platform:preview``)."""
+    return reader.matching("project", formats.PREVIEW_NAME, f"expected {formats.PREVIEW_NAME_RULE}")
+
+
 def _budget_email(reader: _Reader) -> str | None:
     """An address that gets the environment's budget and alarm alerts."""
     return reader.matching("budget_email", formats.EMAIL, "expected an email address")
@@ -571,6 +578,7 @@ def parse_config(
         ttl_hours=ttl_hours,
         expires_at=(now + timedelta(hours=ttl_hours)) if now and ttl_hours else None,
         budget_email=_budget_email(reader),
+        project=_project(reader),
         budget_usd=_budget_usd(reader, profile),
         admin_role_arn=reader.matching(
             "admin_role_arn",

@@ -14,7 +14,7 @@ from stacks.image_stack import ImageStack
 from stacks.lifecycle_stack import LifecycleStack
 from stacks.network_stack import NetworkStack
 from stacks.workloads_stack import WorkloadsStack
-from trn_catalog.outputs import TAG_ENVIRONMENT, TAG_PROFILE
+from trn_catalog.outputs import TAG_ENVIRONMENT, TAG_PROFILE, TAG_PROJECT
 
 
 @dataclass(frozen=True)
@@ -106,4 +106,6 @@ def build_platform(scope: Construct, config: PlatformConfig) -> Platform:
     for stack in platform.stacks:
         Tags.of(stack).add(TAG_ENVIRONMENT, name)
         Tags.of(stack).add(TAG_PROFILE, config.env)
+        if config.project:
+            Tags.of(stack).add(TAG_PROJECT, config.project)
     return platform

@@ -18,6 +18,10 @@ PARAMETER_PREFIX = "/trn-platform"
 TAG_ENVIRONMENT = "trn-platform:environment"
 TAG_PROFILE = "trn-platform:profile"
 TAG_PREVIEW = "trn-platform:preview"
+# The project an environment's resources are for (context key project), a cost allocation tag like
+# the environment's. Set it at an environment's first deploy: the trn and GPU instances take it
+# through their launch templates, and a new tag there makes EKS replace every node.
+TAG_PROJECT = "trn-platform:project"
 TAG_EXPIRES_AT = "trn-platform:expires-at"
 # Tags that stay on the stacks alone: a value that changes at every synth (the expiry moves with
 # each redeploy) must not reach a resource whose update disrupts it. In a launch template's tag

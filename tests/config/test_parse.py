@@ -89,6 +89,12 @@ def test_every_environment_has_a_budget_its_profiles_by_default() -> None:
     assert parse(budget_email="ml@example.com").budget_email == "ml@example.com"
 
 
+def test_the_project_tag_is_the_context_keys() -> None:
+    assert parse(project="nlp-team").project == "nlp-team"
+    assert parse().project is None
+    assert parse(preview="alpha").project is None  # a preview is tagged with its name already
+
+
 BAD_INPUT = [
     ({"instance_type": "trn9.1xlarge"}, r"instance_type: 'trn9\.1xlarge' .*trn3\.48xlarge"),
     ({"instance_type": "p5.48xlarge"}, r"instance_type: 'p5\.48xlarge' .*instance catalog"),
@@ -138,6 +144,7 @@ BAD_INPUT = [
     ),
     ({"preview": "nlp", "budget_email": "ml"}, r"budget_email: 'ml' .*email address"),
     ({"budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
+    ({"project": "NLP Team"}, r"project: 'NLP Team' .*expected"),
     ({"preview": "nlp", "budget_usd": "0"}, r"budget_usd: '0' .*whole number from 1 to 1000000"),
     ({"preview": "nlp", "budget_usd": "lots"}, r"budget_usd: 'lots' .*whole number"),
     (
@@ -278,6 +285,7 @@ def test_context_keys_are_the_documented_names() -> None:
         "admin_role_arn",
         "budget_email",
         "budget_usd",
+        "project",
         "gpu_instance_type",
         "gpu_nodes",
         "gpu_capacity",
