@@ -269,7 +269,7 @@ def test_every_trn_node_has_a_neuron_metrics_source(
 
 
 def test_the_addon_configuration_keys_are_the_charts() -> None:
-    from trn_catalog import chart_values
+    from tests.conformance import chart_values
 
     configuration = versions.addon("amazon-cloudwatch-observability").configuration
     assert configuration is not None

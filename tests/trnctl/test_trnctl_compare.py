@@ -454,5 +454,5 @@ def test_costs_of_multi_node_runs_count_every_node(trnctl: Any, tmp_path: Path) 
     assert table["instance"] == ["2 x trn2.48xlarge", "4 x trn2.48xlarge"]
     assert table["steady tokens/s"] == ["100,000.0", "400,000.0"]
     assert table["On-Demand $ per 1M tokens"] == ["$0.2", "$0.1"]
-    assert table["On-Demand $ for the run"] == ["$72", "$72"]
-    assert table["On-Demand $ to 200,000 tokens"] == ["$36", "$36"]
+    assert table["On-Demand $ for the run"] == ["$72.00", "$72.00"]
+    assert table["On-Demand $ to 200,000 tokens"] == ["$36.00", "$36.00"]
