@@ -361,7 +361,8 @@ def _refused(s3: Any, into: Path) -> None:
     into.mkdir()
     for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="tiny/").get("Contents", []):
         s3.download_file(BUCKET, item["Key"], str(into / item["Key"].rsplit("/", 1)[1]))
-    with pytest.raises(shard_format.ShardError, match=r"manifest\.json: missing: not a directory made by `trn-train prepare-data`"):
+    missing = r"manifest\.json: missing: not a directory made by `trn-train prepare-data`"
+    with pytest.raises(shard_format.ShardError, match=missing):
         shard_format.open_dataset(into, verify=False)
 
 
