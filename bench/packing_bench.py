@@ -121,10 +121,14 @@ def paired_steps(model_dir: Path, packed: Path, stream: Path, pairs: int) -> dic
     model = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=hf_bench.SEQ_LEN))
     model.train()
     opt = optim.build(model, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
-    size = {"seq_len": hf_bench.SEQ_LEN, "micro_batch": hf_bench.BATCH}
-    rows = packing.PackedSampler(data.open_dataset(packed), seed=0, **size)
-    windows = data.WindowSampler(data.open_dataset(stream), seed=0, **size)
-    batches = {
+    seq_len, micro_batch = hf_bench.SEQ_LEN, hf_bench.BATCH
+    rows = packing.PackedSampler(
+        data.open_dataset(packed), seq_len=seq_len, micro_batch=micro_batch, seed=0
+    )
+    windows = data.WindowSampler(
+        data.open_dataset(stream), seq_len=seq_len, micro_batch=micro_batch, seed=0
+    )
+    batches: dict[str, list[tuple[torch.Tensor, ...]]] = {
         "packed": [rows.batch(s) for s in range(4)],
         "stream": [windows.batch(s) for s in range(4)],
     }
