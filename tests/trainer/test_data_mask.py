@@ -111,7 +111,7 @@ def test_a_step_with_every_target_masked_trains_without_nan(
 
 def test_eval_of_batches_without_trained_targets_is_none_not_nan(tmp_path: Path) -> None:
     from trainer import device, parallel
-    from trainer.loop import evaluate
+    from trainer.causal_lm import evaluate
 
     root = _masked_dataset(
         tmp_path, np.arange(300) % 256, np.zeros(300, np.uint8), eval_fraction=0.5

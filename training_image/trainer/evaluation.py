@@ -1,7 +1,7 @@
 """``trn-train eval``: the loss of a model on every example of a split of prepared data, once.
 
 The examples are packed in their stored order into rows of the sequence length (the rows
-:func:`trainer.loop.eval_sampler` gives the in-run eval, see :mod:`trainer.packing`), and the
+:func:`trainer.causal_lm.eval_sampler` gives the in-run eval, see :mod:`trainer.packing`), and the
 result is the token-weighted mean cross-entropy over every trained target (assistant tokens for
 chat) in FP32, without autocast. Each example attends only to itself, so the loss of an example
 does not depend on the examples beside it: another order of the input file or another batch

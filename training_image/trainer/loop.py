@@ -1,7 +1,24 @@
-"""The training loop: config -> backend -> model -> data -> optimizer -> steps -> metrics.
+"""The training loop in three parts, as torchtitan's trainer separates them:
 
-Reads top to bottom. Device differences live in :mod:`trainer.device`, data parallelism in
-:mod:`trainer.parallel`; the loop only calls them.
+- set-up (:func:`set_up`): config -> backend -> data and task -> model -> optimizer ->
+  the checkpoint to resume from -> metrics log, gathered in one :class:`Run`;
+- one optimizer step (:func:`train_step`): the learning rate, ``grad_accum`` micro-batches
+  through the task's loss and backward, gradient reduction and clipping, the optimizer;
+- what follows a step (:func:`after_step`): the interval's metrics record, eval, and a
+  checkpoint (every ``checkpoint_every`` steps, at the end, and on SIGTERM).
+
+:func:`train` is set-up, then steps and what follows each until the last step or SIGTERM.
+Device differences live in :mod:`trainer.device`, data parallelism in :mod:`trainer.parallel`;
+the loop only calls them.
+
+Extension point: the task (:class:`trainer.task.Task`). The step knows nothing of the
+objective: it asks the task for each micro-batch (:meth:`~trainer.task.Task.batch`), for what a
+step's micro-batches share (:meth:`~trainer.task.Task.step_weight`), and for each micro-batch's
+loss given the model's forward (:meth:`~trainer.task.Task.loss`); eval asks it for its figures
+(:meth:`~trainer.task.Task.evaluate`). The causal LM (:class:`trainer.causal_lm.CausalLM`) is
+the task built in :func:`set_up` today; a new task (a classification head, a recommender)
+implements the same four methods and is built there instead, with :func:`train_step` and
+:func:`after_step` unchanged.
 """
 
 from __future__ import annotations
@@ -12,26 +29,22 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainer import device, emf, hf, lora, optim, parallel, tokenizing
+from trainer import causal_lm, device, emf, hf, lora, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
 from trainer.config import TrainConfig
-from trainer.data import IGNORE_INDEX, Dataset, ShardError, WindowSampler, open_dataset
+from trainer.data import Dataset, ShardError, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
 from trainer.model import GPT
-from trainer.packing import PackedSampler
-
-# A token stream is drawn in windows; a dataset of examples in packed rows (trainer.packing).
-Sampler = WindowSampler | PackedSampler
+from trainer.task import Batch, Forward, Task
 
 
 @dataclass(frozen=True)
@@ -61,14 +74,6 @@ class StopFlag:
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
-
-
-def _stream(
-    sampler: Sampler, start: int, max_steps: int, accum: int
-) -> Iterator[tuple[torch.Tensor, ...]]:
-    for step in range(start, max_steps):
-        for micro in range(accum):
-            yield sampler.batch(step, micro)
 
 
 def open_dataset_per_node(
@@ -105,180 +110,6 @@ def open_dataset_per_node(
 
 def _model_label(cfg: TrainConfig) -> str:
     return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
-
-
-def training_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler:
-    """This rank's sampler of the training split: packed rows of whole examples for a dataset
-    of examples (:class:`~trainer.packing.PackedSampler`), windows of a token stream
-    (:class:`~trainer.data.WindowSampler`) otherwise.
-
-    Raises:
-        ValueError: ``cfg.epochs`` with a token stream; no example or shard fits a row.
-    """
-    options: dict[str, Any] = {
-        "seq_len": cfg.model.seq_len,
-        "micro_batch": cfg.batch_per_rank,
-        "seed": cfg.seed,
-        "rank": ranks.rank,
-        "world_size": ranks.world_size,
-        "grad_accum": cfg.grad_accum,
-    }
-    if dataset.index is not None:
-        return PackedSampler(dataset, **options)
-    if cfg.epochs:
-        raise ValueError(
-            f"epochs {cfg.epochs}: {dataset.root} is a token stream (the byte corpus or "
-            "--format text), which has no examples to count epochs in; give --max-steps, or "
-            "prepare the data with --format jsonl or chat"
-        )
-    return WindowSampler(dataset, **options)
-
-
-def total_steps(cfg: TrainConfig, sampler: Sampler) -> int:
-    """The run's optimizer steps: ``cfg.epochs`` whole epochs of ``sampler``'s rows, or
-    ``cfg.steps``."""
-    if cfg.epochs and isinstance(sampler, PackedSampler):
-        return sampler.steps_for(cfg.epochs)
-    return cfg.steps
-
-
-def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler | None:
-    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval, None when eval
-    is off. A split of examples: every example once, packed in their stored order into rows of
-    which each eval batch gives this rank its ``cfg.batch_per_rank`` (:func:`eval_batches` of
-    them cover the split), the rows `trn-train eval` reads. A token stream: this rank's rows of
-    each of the batches ``0 .. eval_batches - 1``, drawn with ``cfg.seed``. The same batches at
-    every eval.
-
-    Raises:
-        ValueError: eval is on but the dataset has no held-out split, or one too short for a
-            row.
-    """
-    if not cfg.eval_every:
-        return None
-    held_out = dataset.eval_split
-    if held_out is None:
-        raise ValueError(
-            f"eval_every {cfg.eval_every} needs a held-out split; {dataset.root} has none "
-            "(prepare-data --tokenizer ... --eval-fraction F writes one)"
-        )
-    options: dict[str, Any] = {
-        "seq_len": cfg.model.seq_len,
-        "micro_batch": cfg.batch_per_rank,
-        "seed": cfg.seed,
-        "rank": ranks.rank,
-        "world_size": ranks.world_size,
-    }
-    try:
-        if held_out.index is None:
-            return WindowSampler(held_out, **options)
-        return PackedSampler(held_out, shuffle=False, **options)
-    except ValueError as error:
-        raise ValueError(
-            f"the held-out split of {dataset.root} has nothing for a row of seq_len "
-            f"{cfg.model.seq_len} ({error}); prepare the data with a larger --eval-fraction"
-        ) from None
-
-
-def eval_batches(cfg: TrainConfig, sampler: Sampler) -> int:
-    """Batches per eval: those that cover a split of examples once, else ``cfg.eval_batches``."""
-    return sampler.steps_in(0) if isinstance(sampler, PackedSampler) else cfg.eval_batches
-
-
-def data_summary(sampler: Sampler, held_out: Sampler | None) -> dict[str, object] | None:
-    """For packed rows, what the run header records of its data: each split's
-    :class:`~trainer.packing.CutReport` at the run's sequence length, and epoch 0's rows,
-    steps and ``fill`` (the share of row positions that hold example tokens); None for a token
-    stream."""
-    if not isinstance(sampler, PackedSampler):
-        return None
-    rows = sampler.rows(0)
-    positions = sampler.steps_in(0) * sampler.rows_per_step * sampler.seq_len
-    summary: dict[str, object] = {
-        "seq_len": sampler.seq_len,
-        "train": sampler.report.as_dict(),
-        "rows_per_epoch": rows.count,
-        "steps_per_epoch": sampler.steps_in(0),
-        "fill": float(rows.tokens.sum()) / positions,
-    }
-    if isinstance(held_out, PackedSampler):
-        summary["eval"] = held_out.report.as_dict()
-    return summary
-
-
-def _stream_note(dataset: Dataset) -> str:
-    """For a masked token stream (conversations prepared before examples were kept whole), that
-    it trains in windows across conversations; nothing for other streams."""
-    if dataset.masks is None:
-        return ""
-    return (
-        f"data: {dataset.root} is a masked token stream (conversations prepared before manifest "
-        "format 3): its windows run across conversations; prepare it again for rows of whole "
-        "conversations"
-    )
-
-
-def _data_line(summary: dict[str, object]) -> str:
-    """One line of :func:`data_summary` for the run's log."""
-    train = summary["train"]
-    assert isinstance(train, dict)
-    line = (
-        f"data: {train['examples']} training examples at seq_len {summary['seq_len']}: "
-        f"{train['cut']} cut, {train['dropped']} dropped; {summary['rows_per_epoch']} rows, "
-        f"{summary['steps_per_epoch']} steps per epoch, {summary['fill']:.1%} of row "
-        "positions hold example tokens"
-    )
-    held_out = summary.get("eval")
-    if isinstance(held_out, dict):
-        line += (
-            f"; {held_out['examples']} eval examples: {held_out['cut']} cut, "
-            f"{held_out['dropped']} dropped"
-        )
-    return line
-
-
-def evaluate(
-    forward: Callable[..., torch.Tensor],
-    sampler: Sampler,
-    num_batches: int,
-    backend: device.Backend,
-    ranks: parallel.Ranks,
-) -> tuple[float | None, int]:
-    """Mean cross-entropy over every trained target of ``num_batches`` held-out batches, on all
-    ranks (summed over ranks, so every rank gets the same value), without gradients; returns
-    the loss (None when no target is trained: JSON has no NaN) and the number of targets. A
-    batch without trained targets adds nothing."""
-    total = torch.zeros(2, device=backend.device)
-    source = (sampler.batch(k) for k in range(num_batches))
-    # eager_on_recompile: the forward was compiled with gradients; eval runs it without, and a
-    # second graph for a few batches is not worth compiling (nor an error under
-    # fail_on_recompile).
-    with torch.no_grad(), torch.compiler.set_stance("eager_on_recompile"):
-        for x, y, *positions in backend.batches(source):
-            count = (y != IGNORE_INDEX).sum()
-            with backend.autocast():
-                loss = forward(x, _no_empty_mean(y, count), *positions).float()
-            total += torch.stack([torch.where(count > 0, loss * count, 0.0), count.float()])
-            backend.step_boundary()
-    loss_sum, targets = (parallel.all_mean(total, ranks) * ranks.world_size).tolist()
-    return (loss_sum / targets if targets else None), int(targets)
-
-
-def _target_weight(
-    sampler: Sampler, step: int, ranks: parallel.Ranks, backend: device.Backend
-) -> torch.Tensor:
-    """``world_size / trained targets of the step`` (0 when there are none), a device tensor:
-    gradients are averaged over ranks, so each rank's sum is scaled by the world size. A tensor
-    rather than a number, so that a lazy (XLA) graph takes it as an input, not a constant."""
-    targets = sampler.trained_targets(step)
-    return torch.tensor(ranks.world_size / targets if targets else 0.0, device=backend.device)
-
-
-def _no_empty_mean(targets: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``targets``, or all zeros when none is trained (``count`` 0): the mean over no target is
-    NaN, and its backward divides by a zero weight; token 0 gives a finite loss that the caller
-    weights by 0. On the device, without a host read."""
-    return torch.where(count > 0, targets, torch.zeros_like(targets))
 
 
 def _num_params(cfg: TrainConfig) -> int:
@@ -343,7 +174,7 @@ def build_model(
     backend: device.Backend,
     *,
     activation_checkpointing: bool = False,
-) -> tuple[torch.nn.Module, Callable[..., torch.Tensor]]:
+) -> tuple[torch.nn.Module, Forward]:
     """The model wrapped for data parallelism and its forward (see
     :func:`trainer.parallel.wrap`).
 
@@ -384,25 +215,122 @@ def build_model(
     return model, forward
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """What a metrics record's speed figures come from: tokens per optimizer step (all ranks),
+    training FLOPs per token, the peak FLOP/s of one rank (None: unknown, no MFU), and the
+    precision it trains in."""
+
+    tokens_per_step: int
+    flops_per_token: float
+    peak_flops: float | None
+    precision: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """What set-up gives the steps: the config, the ranks and device, the task, the wrapped
+    model and its forward, the optimizer, the checkpointer (None without ``checkpoint_dir``)
+    and the run config it records, the steps (``start`` .. ``max_steps``, ``start`` from the
+    checkpoint resumed), the metrics log and the device batches of the task."""
+
+    cfg: TrainConfig
+    ranks: parallel.Ranks
+    backend: device.Backend
+    control: dist.ProcessGroup | None
+    task: Task
+    model: torch.nn.Module
+    forward: Forward
+    optimizer: torch.optim.Optimizer
+    checkpointer: Checkpointer | None
+    run_config: dict[str, object]
+    sharded: bool
+    start: int
+    max_steps: int
+    log: MetricsLog
+    throughput: Throughput
+    batches: Iterator[Batch]
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Trains ``cfg.preset``, or ``cfg.model_dir``'s model from its weights, for its steps
-    (:func:`total_steps`) or until SIGTERM, resuming from the newest valid
+    (:func:`trainer.causal_lm.total_steps`) or until SIGTERM, resuming from the newest valid
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
         ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, a
             device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), a plan it
             cannot train (see :meth:`trainer.device.Backend.check_plan`), or data it cannot
-            make rows of (see :func:`training_sampler`, :func:`eval_sampler`).
+            make rows of (see :func:`trainer.causal_lm.training_sampler`,
+            :func:`trainer.causal_lm.eval_sampler`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
         trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
             model, sequence length, seed, global batch, schedule, epochs or dataset.
         trainer.hf.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
             this trainer does not implement, or weights that do not match its config.
     """
+    return run_steps(set_up(cfg))
+
+
+def set_up(cfg: TrainConfig) -> Run:
+    """Everything the steps need, in order: the config checked, the device started and the
+    process group joined, the data opened and the task built on it, the model and optimizer,
+    the newest valid checkpoint resumed, the run settings printed and the metrics log opened.
+
+    Raises:
+        see :func:`train`.
+    """
     started_at, started = datetime.now(UTC), time.perf_counter()  # the run header's clock
     cfg.validate()
     ranks = parallel.ranks_from_env()
+    backend, num_params = _start_backend(cfg, ranks)
+    control = parallel.control_group(ranks)
+    dataset = _open_data(cfg, ranks, control)
+    task, max_steps, data = _causal_lm(cfg, dataset, ranks, backend)
+    model, forward = build_model(
+        cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
+    )
+    optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.decay, betas=cfg.betas)
+    checkpointer = _checkpointer(cfg)
+    run = run_config(
+        cfg,
+        world_size=ranks.world_size,
+        manifest_sha256=dataset.manifest_sha256,
+        model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
+        total_steps=max_steps,
+        packed=data is not None,
+    )
+    start = 0
+    if checkpointer is not None:
+        start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
+    throughput, log = _metrics(cfg, ranks, backend, max_steps, data, (started_at, started))
+    batches = backend.batches(_stream(task, start, max_steps, cfg.grad_accum))
+    # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
+    sharded = _fsdp_sharded(cfg, ranks, backend)
+    return Run(
+        cfg=cfg,
+        ranks=ranks,
+        backend=backend,
+        control=control,
+        task=task,
+        model=model,
+        forward=forward,
+        optimizer=optimizer,
+        checkpointer=checkpointer,
+        run_config=run,
+        sharded=sharded,
+        start=start,
+        max_steps=max_steps,
+        log=log,
+        throughput=throughput,
+        batches=batches,
+    )
+
+
+def _start_backend(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[device.Backend, int]:
+    """The device backend, checked against the instance type and the plan (strategy and model
+    size), its compile fitted, the process group joined and the device started; and the
+    model's parameter count."""
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
     num_params = _num_params(cfg)
@@ -415,8 +343,19 @@ def train(cfg: TrainConfig) -> TrainResult:
     backend.fit_compile(sharded=_fsdp_sharded(cfg, ranks, backend))
     parallel.init(ranks, backend.dist_backend)
     backend.start()  # after the process group: see Backend.start
-    control = parallel.control_group(ranks)
+    return backend, num_params
 
+
+def _open_data(
+    cfg: TrainConfig, ranks: parallel.Ranks, control: dist.ProcessGroup | None
+) -> Dataset:
+    """``cfg.data`` opened on every rank (see :func:`open_dataset_per_node`) and checked against
+    the model: the ``--model`` run's tokenizer, or the preset's vocabulary.
+
+    Raises:
+        ValueError: the data's vocabulary exceeds the preset's; see
+            :func:`trainer.tokenizing.check_data_for_model`.
+    """
     dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
     if cfg.model_dir:
         tokenizing.check_data_for_model(cfg.data, cfg.model_dir)
@@ -425,45 +364,71 @@ def train(cfg: TrainConfig) -> TrainResult:
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds "
             f"{_model_label(cfg)} vocabulary {cfg.model.vocab_size}"
         )
-    sampler = training_sampler(cfg, dataset, ranks)
-    held_out = eval_sampler(cfg, dataset, ranks)
-    max_steps = total_steps(cfg, sampler)
-    data = data_summary(sampler, held_out)
-    if ranks.is_main:
-        note = _data_line(data) if data is not None else _stream_note(dataset)
-        if note:
-            print(note, file=sys.stderr)
+    return dataset
 
-    model, forward = build_model(
-        cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
-    )
-    optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.decay, betas=cfg.betas)
 
-    checkpointer = (
-        Checkpointer(
-            open_store(cfg.checkpoint_dir),
-            cfg.keep_checkpoints,
-            hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
-            # Absolute: an export from another working directory reads the base from it.
-            str(Path(cfg.model_dir).resolve()) if cfg.model_dir else "",
-        )
-        if cfg.checkpoint_dir
-        else None
+def _causal_lm(
+    cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks, backend: device.Backend
+) -> tuple[causal_lm.CausalLM, int, dict[str, object] | None]:
+    """The causal-LM task on ``dataset`` (:func:`trainer.causal_lm.build`), the run's steps and
+    the run header's summary of its data (None for a token stream); rank 0 prints the data's
+    line (:func:`trainer.causal_lm.data_note`).
+
+    Raises:
+        ValueError: see :func:`trainer.causal_lm.build`.
+    """
+    task = causal_lm.build(cfg, dataset, ranks, backend)
+    max_steps = causal_lm.total_steps(cfg, task.sampler)
+    data = causal_lm.data_summary(task.sampler, task.held_out)
+    note = causal_lm.data_note(data, dataset) if ranks.is_main else ""
+    if note:
+        print(note, file=sys.stderr)
+    return task, max_steps, data
+
+
+def _checkpointer(cfg: TrainConfig) -> Checkpointer | None:
+    """The checkpointer of ``cfg.checkpoint_dir`` (None without one), carrying a ``--model``
+    run's model files and base directory."""
+    if not cfg.checkpoint_dir:
+        return None
+    return Checkpointer(
+        open_store(cfg.checkpoint_dir),
+        cfg.keep_checkpoints,
+        hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
+        # Absolute: an export from another working directory reads the base from it.
+        str(Path(cfg.model_dir).resolve()) if cfg.model_dir else "",
     )
-    run = run_config(
-        cfg,
-        world_size=ranks.world_size,
-        manifest_sha256=dataset.manifest_sha256,
-        model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
+
+
+def _metrics(
+    cfg: TrainConfig,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    max_steps: int,
+    data: dict[str, object] | None,
+    started: tuple[datetime, float],
+) -> tuple[Throughput, MetricsLog]:
+    """The run's :class:`Throughput` and its metrics log, opened with the run header (``data``
+    added when there is a summary of it) on rank 0 (a log that writes nothing elsewhere).
+    ``started``: when the run started, as a date and a ``time.perf_counter`` reading."""
+    throughput, settings = _throughput(cfg, ranks, backend)
+    header = _header(cfg, ranks, backend, throughput, settings, started[0])
+    log = MetricsLog(
+        cfg.metrics if ranks.is_main else "",
         total_steps=max_steps,
-        packed=data is not None,
+        progress=cfg.progress if ranks.is_main else False,
+        header=header if data is None else {**header, "data": data},
+        started=started[1],
+        sink=emf.from_env(os.environ) if ranks.is_main else None,
     )
-    # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
-    sharded = _fsdp_sharded(cfg, ranks, backend)
-    start = 0
-    if checkpointer is not None:
-        start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
+    return throughput, log
 
+
+def _throughput(
+    cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backend
+) -> tuple[Throughput, dict[str, object]]:
+    """The run's :class:`Throughput` and its settings (see :meth:`TrainConfig.settings`), which
+    rank 0 prints."""
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
     flops = flops_per_token(cfg)
     frozen = backend.frozen_dtype()
@@ -475,117 +440,179 @@ def train(cfg: TrainConfig) -> TrainResult:
         print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
     tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
-    header = run_header(
+    return Throughput(tokens_per_step, flops, peak, precision), settings
+
+
+def _header(
+    cfg: TrainConfig,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    throughput: Throughput,
+    settings: dict[str, object],
+    started_at: datetime,
+) -> dict[str, object]:
+    """The metrics file's run header (see :func:`trainer.metrics.run_header`)."""
+    return run_header(
         started_at=started_at,
         nodes=ranks.world_size // ranks.local_world_size,
         world_size=ranks.world_size,
         device=backend.name,
-        precision=precision,
+        precision=throughput.precision,
         model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
         seq_len=cfg.model.seq_len,
-        global_batch_tokens=tokens_per_step,
-        flops_per_token=flops,
-        peak_flops_per_rank=peak,
+        global_batch_tokens=throughput.tokens_per_step,
+        flops_per_token=throughput.flops_per_token,
+        peak_flops_per_rank=throughput.peak_flops,
         settings=settings,
     )
-    log = MetricsLog(
-        cfg.metrics if ranks.is_main else "",
-        total_steps=max_steps,
-        progress=cfg.progress if ranks.is_main else False,
-        header=header if data is None else {**header, "data": data},
-        started=started,
-        sink=emf.from_env(os.environ) if ranks.is_main else None,
-    )
-    batches = backend.batches(_stream(sampler, start, max_steps, cfg.grad_accum))
-    # Packed rows' padding is never a target, so every packed step weighs its trained targets.
-    weighted = isinstance(sampler, PackedSampler) or dataset.masks is not None
 
-    loss_sum = torch.zeros((), device=backend.device)
-    logged_steps, last_loss, saved_at, preempted = 0, None, None, False
-    step = start
+
+def _stream(task: Task, start: int, max_steps: int, accum: int) -> Iterator[Batch]:
+    for step in range(start, max_steps):
+        for micro in range(accum):
+            yield task.batch(step, micro)
+
+
+class Interval:
+    """The steps since the last metrics record: their losses summed on the device (read once
+    per record), their count and when they started."""
+
+    def __init__(self, backend: device.Backend) -> None:
+        self.loss_sum = torch.zeros((), device=backend.device)
+        self.steps = 0
+        self.start = time.perf_counter()
+        self.last_loss: float | None = None
+
+    def record(self, run: Run, step: int, figures: StepFigures) -> None:
+        """Writes the interval's record ending at ``step`` (mean loss over ranks and steps,
+        speed, the last step's learning rate and gradient norm) and starts the next one."""
+        mean_loss = parallel.all_mean(self.loss_sum, run.ranks) / self.steps
+        self.last_loss = mean_loss.item()  # the one device-to-host read per interval
+        run.backend.synchronize()
+        elapsed = time.perf_counter() - self.start
+        speed = run.throughput
+        tokens_per_s = speed.tokens_per_step * self.steps / elapsed
+        run.log.write(
+            {
+                "step": step,
+                "loss": self.last_loss,
+                "lr": figures.lr,
+                "grad_norm": float(figures.grad_norm),
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu(
+                    tokens_per_s / run.ranks.world_size, speed.flops_per_token, speed.peak_flops
+                ),
+                "precision": speed.precision,
+                "step_time_s": elapsed / self.steps,
+                "tokens": step * speed.tokens_per_step,
+            }
+        )
+        self.loss_sum.zero_()
+        self.steps = 0
+        self.start = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What one step gives its metrics record: its learning rate and gradient norm (a device
+    tensor, read when the record is written)."""
+
+    lr: float
+    grad_norm: torch.Tensor
+
+
+def run_steps(run: Run) -> TrainResult:
+    """Steps ``run.start`` .. ``run.max_steps`` (:func:`train_step`), each followed by
+    :func:`after_step`, until the last or until SIGTERM reaches any rank (the run then
+    checkpoints and returns ``preempted``); then closes the metrics log and the process group."""
+    step, saved_at, preempted = run.start, None, False
     with StopFlag() as stop, contextlib.ExitStack() as guards:
-        interval_start = time.perf_counter()
-        while step < max_steps:
-            lr = optim.lr_at(
-                step,
-                peak=cfg.peak_lr,
-                warmup=cfg.warmup_for(max_steps),
-                total=max_steps,
-                min_ratio=cfg.min_lr_ratio,
-            )
-            optim.set_lr(optimizer, lr)
-            weight = _target_weight(sampler, step, ranks, backend) if weighted else None
-            for micro in range(cfg.grad_accum):
-                x, y, *positions = next(batches)
-                if weight is not None:
-                    count = (y != IGNORE_INDEX).sum()
-                    y = _no_empty_mean(y, count)
-                with parallel.gradient_sync(model, micro == cfg.grad_accum - 1), backend.autocast():
-                    loss = forward(x, y, *positions)
-                if weight is None:
-                    loss = loss / cfg.grad_accum
-                else:
-                    # The micro-batch's sum over its trained targets, over the step's count: the
-                    # step's loss is the mean over every trained target however ranks and
-                    # micro-steps split it.
-                    loss = torch.where(count > 0, loss * count, 0.0) * weight
-                loss.backward()  # type: ignore[no-untyped-call]
-                loss_sum += loss.detach()
-            backend.reduce_gradients(optimizer, ranks.world_size)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            backend.step_boundary()
+        interval = Interval(run.backend)
+        while step < run.max_steps:
+            figures = train_step(run, step, interval.loss_sum)
             step += 1
-            logged_steps += 1
-            if step == start + 1 and cfg.fail_on_recompile and backend.compile_backend is not None:
-                # Warm-up is over: from here a recompile means a shape or guard changed.
-                guards.enter_context(torch.compiler.set_stance("fail_on_recompile"))
-
-            if step % cfg.log_every == 0 or step == max_steps:
-                mean_loss = parallel.all_mean(loss_sum, ranks) / logged_steps
-                last_loss = mean_loss.item()  # the one device-to-host read per interval
-                backend.synchronize()
-                elapsed = time.perf_counter() - interval_start
-                tokens_per_s = tokens_per_step * logged_steps / elapsed
-                log.write(
-                    {
-                        "step": step,
-                        "loss": last_loss,
-                        "lr": lr,
-                        "grad_norm": float(grad_norm),
-                        "tokens_per_s": tokens_per_s,
-                        "mfu": mfu(tokens_per_s / ranks.world_size, flops, peak),
-                        "precision": precision,
-                        "step_time_s": elapsed / logged_steps,
-                        "tokens": step * tokens_per_step,
-                    }
-                )
-                loss_sum.zero_()
-                logged_steps = 0
-                interval_start = time.perf_counter()
-
-            if held_out is not None and step % cfg.eval_every == 0:
-                eval_loss, eval_targets = evaluate(
-                    forward, held_out, eval_batches(cfg, held_out), backend, ranks
-                )
-                log.write_eval({"step": step, "eval_loss": eval_loss, "eval_tokens": eval_targets})
-
-            preempted = parallel.any_rank(stop.set, ranks, control)
-            periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            if checkpointer is not None and (periodic or preempted or step == max_steps):
-                saved_at = checkpointer.save(
-                    step,
-                    model,
-                    optimizer,
-                    main=ranks.is_main,
-                    run=run,
-                    sharded=sharded,
-                    ranks=ranks,
-                    group=control,
-                )
+            interval.steps += 1
+            if step == run.start + 1:
+                _after_warm_up(run, guards)
+            preempted, saved = after_step(run, step, figures, interval, stop)
+            saved_at = saved if saved is not None else saved_at
             if preempted:
                 break
-    log.close()
+    run.log.close()
     parallel.shutdown()
-    return TrainResult(step, last_loss, preempted, saved_at)
+    return TrainResult(step, interval.last_loss, preempted, saved_at)
+
+
+def train_step(run: Run, step: int, loss_sum: torch.Tensor) -> StepFigures:
+    """Optimizer step ``step``: the scheduled learning rate, then each of ``grad_accum``
+    micro-batches through the task's loss (gradients synchronized on the last one only) and
+    backward, its loss added to ``loss_sum``; then the gradients reduced and clipped at
+    ``grad_clip``, the optimizer stepped and the gradients dropped."""
+    cfg = run.cfg
+    lr = optim.lr_at(
+        step,
+        peak=cfg.peak_lr,
+        warmup=cfg.warmup_for(run.max_steps),
+        total=run.max_steps,
+        min_ratio=cfg.min_lr_ratio,
+    )
+    optim.set_lr(run.optimizer, lr)
+    weight = run.task.step_weight(step)
+    for micro in range(cfg.grad_accum):
+        batch = next(run.batches)
+        loss = run.task.loss(_micro_forward(run, micro == cfg.grad_accum - 1), batch, weight)
+        loss.backward()  # type: ignore[no-untyped-call]
+        loss_sum += loss.detach()
+    run.backend.reduce_gradients(run.optimizer, run.ranks.world_size)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.backend.step_boundary()
+    return StepFigures(lr, grad_norm)
+
+
+def _micro_forward(run: Run, sync: bool) -> Forward:
+    """The model's forward under the step's autocast, synchronizing gradients when ``sync``
+    (the step's last micro-batch)."""
+
+    def forward(*inputs: torch.Tensor) -> torch.Tensor:
+        with parallel.gradient_sync(run.model, sync), run.backend.autocast():
+            return run.forward(*inputs)
+
+    return forward
+
+
+def _after_warm_up(run: Run, guards: contextlib.ExitStack) -> None:
+    """After the first step: with ``fail_on_recompile`` and a compiled forward, any recompile
+    from here is an error, as it means a shape or guard changed."""
+    if run.cfg.fail_on_recompile and run.backend.compile_backend is not None:
+        guards.enter_context(torch.compiler.set_stance("fail_on_recompile"))
+
+
+def after_step(
+    run: Run, step: int, figures: StepFigures, interval: Interval, stop: StopFlag
+) -> tuple[bool, str | None]:
+    """What follows step ``step``: the interval's metrics record every ``log_every`` steps and
+    at the last; the task's eval every ``eval_every`` steps; whether SIGTERM reached any rank
+    (the run is ``preempted``); and a checkpoint every ``checkpoint_every`` steps, at the last
+    and when preempted. Returns ``preempted`` and the checkpoint written (None if none)."""
+    cfg = run.cfg
+    if step % cfg.log_every == 0 or step == run.max_steps:
+        interval.record(run, step, figures)
+    if cfg.eval_every and step % cfg.eval_every == 0:
+        run.log.write_eval({"step": step, **run.task.evaluate(run.forward)})
+    preempted = parallel.any_rank(stop.set, run.ranks, run.control)
+    periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+    if run.checkpointer is None or not (periodic or preempted or step == run.max_steps):
+        return preempted, None
+    saved = run.checkpointer.save(
+        step,
+        run.model,
+        run.optimizer,
+        main=run.ranks.is_main,
+        run=run.run_config,
+        sharded=run.sharded,
+        ranks=run.ranks,
+        group=run.control,
+    )
+    return preempted, saved
