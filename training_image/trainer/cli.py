@@ -67,11 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--input", help="with --tokenizer: the file to tokenize")
     prep.add_argument(
         "--format",
-        choices=["auto", "text", "jsonl", "chat"],
+        choices=["auto", "text", "jsonl", "chat", "classify"],
         default="auto",
         help="with --tokenizer: chat (JSON lines of {'messages': [...]}), jsonl (of {'text': "
-        "...}) or text (the file is one document); default %(default)s: chat or jsonl by the "
-        "first line's fields, else text",
+        "...}), text (the file is one document) or classify (of {'text': ..., 'label': ...} or "
+        "{'text': ..., 'labels': [...]}: docs/classification.md); default %(default)s: chat or "
+        "jsonl by the first line's fields, else text",
     )
     prep.add_argument(
         "--eval-fraction",
@@ -81,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prep.add_argument(
         "--eval-input",
-        help="with --format jsonl or chat: a file of held-out examples (instead of "
+        help="with --format jsonl, chat or classify: a file of held-out examples (instead of "
         "--eval-fraction)",
     )
     prep.add_argument(
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     _add_eval_command(sub)
+    _add_predict_command(sub)
     rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
     rep.add_argument("metrics")
     rep.add_argument("--out", required=True)
@@ -132,7 +134,8 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ev = sub.add_parser(
         "eval",
         help='loss over every example of a split, once: prints {"loss": L, "tokens": N, '
-        '"examples": E}',
+        '"examples": E}; of classification data {"loss", "accuracy" (multi-label: "micro_f1"), '
+        '"macro_f1", "examples"}',
     )
     source = ev.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", dest="model_dir", help="Hugging Face model directory")
@@ -157,7 +160,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     """``trn-train eval``: the JSON line on stdout, and on stderr what the cutting rule did to
     each split when it cut or dropped an example."""
     from trainer import evaluation
+    from trainer.classify import evaluate as classify_eval
 
+    if classify_eval.is_classification_data(args.data):
+        return _evaluate_classifier(args)
     result = evaluation.run(
         data_dir=args.data,
         split=args.split,
@@ -171,6 +177,67 @@ def _evaluate(args: argparse.Namespace) -> int:
         if report.cut or report.dropped:
             print(f"eval: {report.line(split)}", file=sys.stderr)
     print(json.dumps(result.as_dict()))
+    return 0
+
+
+def _evaluate_classifier(args: argparse.Namespace) -> int:
+    """``trn-train eval`` of classification data: the JSON line of
+    :func:`trainer.classify.evaluate.summary`.
+
+    Raises:
+        ValueError: ``--checkpoint-dir`` (export the run first), or see
+            :func:`trainer.classify.evaluate.run`.
+    """
+    from trainer.classify import evaluate as classify_eval
+
+    if not args.model_dir:
+        raise ValueError(
+            f"--data {args.data} is classification data: give the classifier as --model DIR "
+            "(a *ForSequenceClassification directory, e.g. from `trn-train export`)"
+        )
+    figures = classify_eval.run(
+        model_dir=args.model_dir,
+        data_dir=args.data,
+        split=args.split,
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        device_name=args.device,
+    )
+    multi = "exact_match" in figures
+    print(json.dumps(classify_eval.summary(figures, multi)))
+    return 0
+
+
+def _add_predict_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pred = sub.add_parser(
+        "predict",
+        help="a classifier's label and scores for each JSON line of --input (a 'text' field)",
+    )
+    pred.add_argument(
+        "--model", dest="model_dir", required=True, help="*ForSequenceClassification directory"
+    )
+    pred.add_argument("--input", required=True, help="JSON lines with a 'text' field")
+    pred.add_argument("--out", required=True, help="JSON lines: each input line and its prediction")
+    pred.add_argument(
+        "--seq-len", type=int, default=0, help="tokens kept of each text; 0 = as `run --model`"
+    )
+    pred.add_argument("--micro-batch", type=int, default=8, help="rows per forward; default 8")
+    pred.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default="auto")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """``trn-train predict``: prints {"out": FILE, "lines": N}."""
+    from trainer.classify import evaluate as classify_eval
+
+    lines = classify_eval.predict(
+        model_dir=args.model_dir,
+        input_path=args.input,
+        out=args.out,
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        device_name=args.device,
+    )
+    print(json.dumps({"out": args.out, "lines": lines}))
     return 0
 
 
@@ -379,6 +446,7 @@ def _command(args: argparse.Namespace) -> int:
         "score": _hf_command,
         "export": _hf_command,
         "eval": _evaluate,
+        "predict": _predict,
         "run": _run,
     }
     return commands[args.command](args)
@@ -480,6 +548,8 @@ def _prepare_data(args: argparse.Namespace) -> int:
     from trainer import data
 
     if args.tokenizer is None:
+        if args.format == "classify":
+            raise ValueError("--format classify needs --tokenizer DIR: the model's tokenizer")
         if args.input is not None:
             raise ValueError("--input needs --tokenizer (the byte corpus is --corpus)")
         corpus = Path(args.corpus) if args.corpus else data.DEFAULT_CORPUS
@@ -489,6 +559,8 @@ def _prepare_data(args: argparse.Namespace) -> int:
             )
         except FileNotFoundError as error:
             raise ValueError(f"--corpus: {error}") from error
+    elif args.format == "classify":
+        return _prepare_classify(args)
     else:
         from trainer import tokenizing
 
@@ -505,6 +577,32 @@ def _prepare_data(args: argparse.Namespace) -> int:
             shard_tokens=args.shard_tokens or 1 << 24,
         )
     print(data.summary(manifest, args.out))
+    return 0
+
+
+def _prepare_classify(args: argparse.Namespace) -> int:
+    """``prepare-data --format classify``: the summary line, then the classes and their counts.
+
+    Raises:
+        ValueError: ``--input`` missing or ``--corpus`` given; see
+            :func:`trainer.classify.data.prepare`.
+    """
+    from trainer import data
+    from trainer.classify import data as classify_data
+
+    if args.input is None or args.corpus is not None:
+        raise ValueError("--format classify takes --tokenizer DIR --input FILE, not --corpus")
+    manifest = classify_data.prepare(
+        Path(args.out),
+        args.tokenizer,
+        Path(args.input),
+        eval_fraction=args.eval_fraction,
+        eval_input=None if args.eval_input is None else Path(args.eval_input),
+        seq_len=args.seq_len,
+        shard_tokens=args.shard_tokens or 1 << 24,
+    )
+    print(data.summary(manifest, args.out))
+    print(classify_data.counts_line(manifest))
     return 0
 
 

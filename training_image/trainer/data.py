@@ -394,14 +394,15 @@ def write_examples_dataset(
 
 def dataset_files(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every file a manifest names, as (name, SHA-256): shards, their masks and indexes,
-    held-out shards."""
+    held-out shards, then the dataset's other ``files`` (a classification dataset's labels,
+    see :mod:`trainer.classify.data`)."""
     files = []
     for entry in [*manifest["shards"], *manifest.get("eval_shards", [])]:
         files.append((entry["name"], entry["sha256"]))
         for part in ("mask", "index"):
             if part in entry:
                 files.append((entry[part]["name"], entry[part]["sha256"]))
-    return files
+    return files + [(entry["name"], entry["sha256"]) for entry in manifest.get("files", [])]
 
 
 def prepare_corpus(

@@ -231,12 +231,17 @@ def save_adapter(
     *,
     base_model: str,
     dtype: str = "auto",
+    task_type: str = "CAUSAL_LM",
+    modules_to_save: Mapping[str, torch.Tensor] | None = None,
 ) -> list[str]:
     """Writes the adapters in ``state`` as a PEFT adapter directory ``out`` (created; it must
     not exist or be empty): ``adapter_model.safetensors`` in PEFT's tensor names and
-    ``adapter_config.json`` (LoRA for a causal LM, ``base_model`` recorded as
-    ``base_model_name_or_path``). ``dtype`` as :func:`trainer.hf.export_dtype`. Returns the
-    names of the files written.
+    ``adapter_config.json`` (LoRA for ``task_type``, default a causal LM; ``base_model``
+    recorded as ``base_model_name_or_path``). ``modules_to_save`` (default none): whole modules
+    trained beside the adapters, as PEFT saves them (``base_model.model.<module>.weight``, the
+    adapter name left out: ``get_peft_model_state_dict`` in ``peft/utils/save_and_load.py`` at
+    0.21.2), their modules listed in the config's ``modules_to_save``. ``dtype`` as
+    :func:`trainer.hf.export_dtype`. Returns the names of the files written.
 
     Raises:
         HFConfigError: ``raw_config`` is not a supported model.
@@ -251,13 +256,16 @@ def save_adapter(
         if ours not in state:
             raise ValueError(f"the checkpoint's model state lacks the adapter {ours}")
         tensors[theirs] = state[ours].to(dtype=hf.DTYPES[name], copy=True).contiguous()
+    saved = dict(modules_to_save or {})
+    for theirs, tensor in saved.items():
+        tensors[theirs] = tensor.to(dtype=hf.DTYPES[name], copy=True).contiguous()
     root = hf.check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(root / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     alpha: float | int = int(lora.alpha) if lora.alpha.is_integer() else lora.alpha
     config = {
         "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
+        "task_type": task_type,
         "base_model_name_or_path": base_model,
         "r": lora.rank,
         "lora_alpha": alpha,
@@ -268,7 +276,8 @@ def save_adapter(
         "use_rslora": False,
         "use_dora": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": sorted({n.removeprefix(PEFT_PREFIX).rsplit(".", 1)[0] for n in saved})
+        or None,
         "inference_mode": True,
     }
     (root / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

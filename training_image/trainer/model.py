@@ -411,6 +411,12 @@ class GPT(nn.Module):
         """``(batch, seq_len, vocab_size)`` next-token logits for int64 ``(batch, seq_len)``;
         with ``positions`` (each token's position in its example, as packed rows have them)
         attention stays inside each example (see the module's documentation)."""
+        out: torch.Tensor = self.head(self.hidden(idx, positions))
+        return out
+
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``(batch, seq_len, d_model)``: the last block's output after the final norm, what
+        the output head (:meth:`logits`) or a task's head (a classifier's) reads."""
         x = self.tok(idx)
         rope = None
         mask = None if positions is None else document_mask(positions)
@@ -424,7 +430,7 @@ class GPT(nn.Module):
             rope = (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
         for block in self.blocks:
             x = block(x, rope, mask)
-        out: torch.Tensor = self.head(self.norm(x))
+        out: torch.Tensor = self.norm(x)
         return out
 
     def forward(

@@ -1,0 +1,202 @@
+"""A classifier's figures on prepared data (``trn-train eval`` of a classification dataset) and
+its predictions for new documents (``trn-train predict``).
+
+Eval reads every example of a split once, in stored order, in the rows training reads (see
+:class:`~trainer.classify.data.ClassifySampler`), in FP32 without autocast. The loss is the
+unweighted mean cross-entropy (multi-label: binary cross-entropy) over the examples: a figure of
+the model and the data, whatever class weights trained it. The other figures are
+:class:`~trainer.classify.metrics.Tally`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer import data, device, hf, tokenizing
+from trainer.classify.data import ClassifySampler, Labels, open_labels
+from trainer.classify.metrics import Tally
+from trainer.classify.model import SequenceClassifier, load_classifier, loss_sum
+
+SPLITS = ("eval", "train")
+DEFAULT_MICRO_BATCH = 8
+
+
+@dataclass
+class Totals:
+    """The loss sum and example count of an eval, and its :class:`Tally`."""
+
+    tally: Tally
+    loss_sum: float = 0.0
+    examples: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor) -> None:
+        """One batch of FP32 host logits and the sampler's labels and rows."""
+        multi = self.tally.multi_label
+        self.loss_sum += float(loss_sum(logits.double(), labels, rows, multi_label=multi))
+        self.examples += int(rows.sum())
+        self.tally.add(logits.numpy(), labels.numpy(), rows.numpy())
+
+    def result(self) -> dict[str, object]:
+        """:meth:`Tally.result` with the mean ``loss`` (None without an example)."""
+        loss = self.loss_sum / self.examples if self.examples else None
+        return {"loss": loss, **self.tally.result()}
+
+
+def summary(figures: dict[str, object], multi_label: bool) -> dict[str, object]:
+    """The line ``trn-train eval`` prints: ``loss``, ``accuracy`` (multi-label:
+    ``micro_f1``), ``macro_f1`` and ``examples``."""
+    first = "micro_f1" if multi_label else "accuracy"
+    return {k: figures[k] for k in ("loss", first, "macro_f1", "examples")}
+
+
+def evaluate(
+    scores: Callable[[torch.Tensor], torch.Tensor],
+    sampler: ClassifySampler,
+    labels: Labels,
+    on: torch.device,
+) -> Totals:
+    """:class:`Totals` of ``scores`` (token rows on ``on`` to logits) over every row of
+    ``sampler``'s first epoch, without gradients."""
+    totals = Totals(Tally(labels.names, labels.multi_label))
+    with torch.no_grad():
+        for step in range(sampler.steps_in(0)):
+            for micro in range(sampler.grad_accum):
+                x, y, rows = sampler.batch(step, micro)
+                totals.add(scores(x.to(on)).float().cpu(), y, rows)
+    return totals
+
+
+def run(
+    *,
+    model_dir: str,
+    data_dir: str,
+    split: str = "eval",
+    seq_len: int = 0,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+    device_name: str = "auto",
+) -> dict[str, object]:
+    """``trn-train eval --model DIR`` on a classification dataset: every figure of
+    :meth:`Totals.result` for ``split`` (``eval`` or ``train``) of ``data_dir``.
+
+    Raises:
+        ValueError: an unknown split, a split the data does not have, a micro batch below 1,
+            a model whose classes are not the data's; see
+            :func:`trainer.classify.model.load_classifier` and
+            :func:`trainer.classify.data.open_labels`.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"--split {split!r} of classification data; allowed: {', '.join(SPLITS)}")
+    if micro_batch < 1:
+        raise ValueError(f"--micro-batch must be >= 1, got {micro_batch}")
+    dataset, labels = data.open_dataset(data_dir, verify=False), open_labels(data_dir)
+    part, array = (dataset, labels.train) if split == "train" else (dataset.eval_split, labels.eval)
+    if part is None or array is None:
+        raise ValueError(f"--data {data_dir} has no held-out split; --split train reads the rest")
+    model = load_classifier(model_dir, seq_len=seq_len)
+    if model.spec.names != labels.names or model.spec.multi_label != labels.multi_label:
+        raise ValueError(
+            f"--model {model_dir} classifies into {list(model.spec.names)}"
+            f"{' (multi-label)' if model.spec.multi_label else ''}, --data {data_dir} holds "
+            f"{list(labels.names)}{' (multi-label)' if labels.multi_label else ''}"
+        )
+    sampler = ClassifySampler(
+        part,
+        array,
+        pad_token_id=model.spec.pad_token_id,
+        seq_len=model.cfg.seq_len,
+        micro_batch=micro_batch,
+        seed=0,
+        shuffle=False,
+    )
+    backend = device.resolve(device_name, compile_backend="none").start()
+    model = model.to(backend.device).eval()
+    return evaluate(model.scores, sampler, labels, backend.device).result()
+
+
+def _texts(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    for where, record in tokenizing._json_lines(path):
+        text = record.get("text")
+        if not isinstance(text, str):
+            raise tokenizing.InputError(f"{where}: field 'text' must be a string, got {text!r:.40}")
+        yield record, text
+
+
+def prediction(logits: torch.Tensor, model: SequenceClassifier) -> dict[str, object]:
+    """One row's prediction: ``label`` (the argmax) and ``scores`` (softmax probabilities by
+    class name); multi-label ``labels`` (each class above 0.5) and ``scores`` (sigmoids)."""
+    names = model.spec.names
+    if model.spec.multi_label:
+        probs = torch.sigmoid(logits).tolist()
+        return {
+            "labels": [n for n, p in zip(names, probs, strict=True) if p > 0.5],
+            "scores": dict(zip(names, probs, strict=True)),
+        }
+    probs = torch.softmax(logits, -1).tolist()
+    return {"label": names[int(np.argmax(probs))], "scores": dict(zip(names, probs, strict=True))}
+
+
+def predict(
+    *,
+    model_dir: str,
+    input_path: str,
+    out: str,
+    seq_len: int = 0,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+    device_name: str = "auto",
+) -> int:
+    """``trn-train predict``: each JSON line of ``input_path`` (a ``text`` field, other fields
+    kept) written to ``out`` with the :func:`prediction` of ``model_dir``'s classifier beside
+    its fields, its text tokenized by the tokenizer in ``model_dir`` and cut at ``seq_len``
+    (0: as ``run --model`` takes it). Returns the lines written.
+
+    Raises:
+        ValueError: a line without a string ``text``; see
+            :func:`trainer.classify.model.load_classifier`.
+    """
+    if micro_batch < 1:
+        raise ValueError(f"--micro-batch must be >= 1, got {micro_batch}")
+    model = load_classifier(model_dir, seq_len=seq_len)
+    tokenizer = tokenizing.HfTokenizer(model_dir)
+    backend = device.resolve(device_name, compile_backend="none").start()
+    model = model.to(backend.device).eval()
+    records = list(_texts(Path(input_path)))
+    length, pad = model.cfg.seq_len, model.spec.pad_token_id
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f, torch.no_grad():
+        for start in range(0, len(records), micro_batch):
+            chunk = records[start : start + micro_batch]
+            rows = torch.full((micro_batch, length), pad, dtype=torch.int64)
+            for i, (_, text) in enumerate(chunk):
+                ids = tokenizer.tok(text)["input_ids"][:length]
+                rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+            logits = model.scores(rows.to(backend.device)).float().cpu()
+            for (record, _), row in zip(chunk, logits, strict=False):
+                f.write(json.dumps({**record, **prediction(row, model)}) + "\n")
+    return len(records)
+
+
+def is_classification_data(data_dir: str | Path) -> bool:
+    """Whether ``data_dir``'s manifest is of ``prepare-data --format classify``."""
+    path = Path(data_dir) / data.MANIFEST
+    try:
+        return bool(json.loads(path.read_text()).get("task") == "classify")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def is_classifier_dir(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds a ``*ForSequenceClassification`` config."""
+    from trainer.classify.model import is_classifier
+
+    try:
+        return is_classifier(hf.read_config(model_dir))
+    except hf.HFConfigError:
+        return False

@@ -1,0 +1,127 @@
+"""A trained classifier as a Hugging Face directory: ``*ForSequenceClassification`` weights and a
+``config.json`` with ``id2label``, ``label2id``, ``problem_type`` and ``pad_token_id`` (what
+``AutoModelForSequenceClassification.from_pretrained`` reads); or, of a LoRA run, a PEFT adapter
+of task type ``SEQ_CLS`` whose score head is saved whole (``modules_to_save``, as PEFT's
+``PeftModelForSequenceClassification`` adds ``score`` there by default, ``peft_model.py`` at
+0.21.2)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from trainer import hf, lora
+from trainer.classify.model import SCORE, HeadSpec, causal_config, to_hf
+
+SEQ_CLS_TASK = "SEQ_CLS"
+
+
+def classifier_config(raw: Mapping[str, Any], head: HeadSpec, dtype: str) -> dict[str, Any]:
+    """``raw`` (the decoder's ``config.json``, causal LM or classifier) as the classifier's:
+    its architecture's ``*ForSequenceClassification``, the head's fields and ``dtype``.
+
+    Raises:
+        hf.HFConfigError: not a supported decoder.
+    """
+    causal = causal_config(raw)
+    arch = hf.architecture(causal)
+    name = next(n for n, t in hf.ARCHITECTURES.items() if t == arch)
+    config = {
+        **causal,
+        "architectures": [name.removesuffix("ForCausalLM") + "ForSequenceClassification"],
+    }
+    config.update(head.config_fields(), dtype=dtype)
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype
+    return config
+
+
+def save_classifier(
+    state: Mapping[str, torch.Tensor],
+    raw_config: Mapping[str, Any],
+    head: HeadSpec,
+    out: str | Path,
+    *,
+    dtype: str = "auto",
+    max_shard_bytes: int = 5 << 30,
+) -> list[str]:
+    """Writes our classifier ``state`` as a Hugging Face classifier directory ``out`` (new or
+    empty): the weights in transformers' names (``model.safetensors``, or shards of at most
+    ``max_shard_bytes`` with ``model.safetensors.index.json``) and :func:`classifier_config`.
+    ``dtype`` as :func:`trainer.hf.export_dtype` (default ``auto``). Returns the files written.
+
+    Raises:
+        hf.HFConfigError: ``raw_config`` is not a supported decoder.
+        ValueError: ``out`` is not empty, ``dtype`` is unknown, ``state`` lacks a parameter.
+    """
+    name = hf.export_dtype(raw_config, dtype)
+    if name not in hf.DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf.DTYPES)}")
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
+    config = classifier_config(raw_config, head, name)
+    cfg = hf.parse_config(causal_config(config), seq_len=1)
+    tensors = to_hf(state, cfg, head.num_labels, hf.DTYPES[name])
+    root = hf.check_empty_out(out)
+    root.mkdir(parents=True, exist_ok=True)
+    shards = hf._shard(tensors, max_shard_bytes)
+    files = (
+        [hf.SINGLE]
+        if len(shards) == 1
+        else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+    )
+    for file, shard in zip(files, shards, strict=True):
+        save_file(shard, str(root / file), metadata={"format": "pt"})
+    written = list(files)
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+            "weight_map": {n: f for f, shard in zip(files, shards, strict=True) for n in shard},
+        }
+        (root / hf.INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        written.append(hf.INDEX)
+    (root / hf.CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return [*written, hf.CONFIG]
+
+
+def save_adapter(
+    state: Mapping[str, torch.Tensor],
+    raw_config: Mapping[str, Any],
+    spec: lora.LoraSpec,
+    head: HeadSpec,
+    out: str | Path,
+    *,
+    base_model: str,
+    dtype: str = "auto",
+) -> list[str]:
+    """Writes a LoRA classifier's adapters and score head (``state``: ``head.weight`` and the
+    adapters under our names) as a PEFT ``SEQ_CLS`` adapter directory ``out``: the score head
+    as ``base_model.model.score.weight`` in ``modules_to_save``. The base model it names is a
+    causal LM or classifier of ``raw_config``'s decoder; PEFT loads it onto
+    ``AutoModelForSequenceClassification`` of a config with this head's fields (see
+    :func:`classifier_config`). Returns the files written.
+
+    Raises:
+        ValueError: ``state`` lacks the score head or an adapter; see
+            :func:`trainer.lora.save_adapter`.
+    """
+    if "head.weight" not in state:
+        raise ValueError("the model state lacks the score head (head.weight)")
+    score = state["head.weight"]
+    if score.shape[0] != head.num_labels:
+        raise ValueError(f"the score head has {score.shape[0]} rows for {head.num_labels} classes")
+    return lora.save_adapter(
+        state,
+        causal_config(raw_config),
+        spec,
+        out,
+        base_model=base_model,
+        dtype=dtype,
+        task_type=SEQ_CLS_TASK,
+        modules_to_save={lora.PEFT_PREFIX + SCORE: score},
+    )
