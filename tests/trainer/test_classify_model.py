@@ -25,13 +25,13 @@ from transformers import (
 
 from trainer import hf, lora
 from trainer.classify import export
+from trainer.classify.load import load_classifier
 from trainer.classify.model import (
     HeadSpec,
     SequenceClassifier,
     auto_class_weights,
     from_causal_lm,
     last_token,
-    load_classifier,
     loss_sum,
     normalizer,
 )
@@ -243,3 +243,127 @@ def test_classifier_loss_needs_a_real_row() -> None:
     rows = torch.zeros(3, dtype=torch.bool)
     loss = model(_rows(), torch.zeros(3, dtype=torch.int64), rows)
     assert loss.item() == 0.0
+
+
+def test_a_steps_loss_is_the_weighted_mean_however_micro_batches_split_it(tmp_path: Path) -> None:
+    from test_classify_data import documents, write_jsonl
+
+    from trainer import data, device, parallel
+    from trainer.classify import data as cdata
+    from trainer.classify.task import Classify
+
+    tokenizer = hf_tiny.save_tokenizer(tmp_path / "tok")
+    records = documents(13, seed=4, skew=(5, 2, 1))
+    cdata.prepare(
+        tmp_path / "ds", tokenizer, write_jsonl(tmp_path / "in.jsonl", records), eval_fraction=0.0
+    )
+    ds, labels = data.open_dataset(tmp_path / "ds"), cdata.open_labels(tmp_path / "ds")
+    weights = auto_class_weights(labels.train, labels.num_labels)
+    cfg = hf.parse_config({"architectures": ["LlamaForCausalLM"], **hf_tiny.SHAPE}, seq_len=SEQ)
+    torch.manual_seed(0)
+    model = SequenceClassifier(cfg, HeadSpec(labels.names, False, 1), torch.from_numpy(weights))
+    backend = device.resolve("cpu", compile_backend="none").start()
+    steps = []
+    for micro_batch, accum in ((8, 1), (2, 4), (3, 3)):
+        sampler = cdata.ClassifySampler(
+            ds,
+            labels.train,
+            pad_token_id=1,
+            seq_len=SEQ,
+            micro_batch=micro_batch,
+            grad_accum=accum,
+            seed=9,
+        )
+        task = Classify(sampler, None, labels, weights, parallel.Ranks(), backend)
+        weight = task.step_weight(0)
+        with torch.no_grad():
+            steps.append(
+                sum(float(task.loss(model, task.batch(0, m), weight)) for m in range(accum))
+            )
+    # The first 8 (or 9) examples of the seed's order: the same examples for 8 rows and 2 x 4.
+    order = cdata.ClassifySampler(
+        ds, labels.train, pad_token_id=1, seq_len=SEQ, micro_batch=8, seed=9
+    )
+    x, y, _ = order.batch(0)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(
+            model.scores(x), y, weight=torch.from_numpy(weights)
+        )
+    assert steps[0] == pytest.approx(float(expected), rel=1e-5)
+    assert steps[1] == pytest.approx(float(expected), rel=1e-5)
+    assert steps[2] != pytest.approx(float(expected), rel=1e-5)  # 9 rows: another example too
+
+
+BERT_SHAPE: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+}
+
+
+def _bert(seed: int = 0, **extra: Any) -> Any:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        **BERT_SHAPE,
+        id2label=dict(enumerate(NAMES)),
+        label2id={n: i for i, n in enumerate(NAMES)},
+        pad_token_id=PAD,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def test_bert_logits_match_transformers_both_ways(tmp_path: Path) -> None:
+    theirs = _bert()
+    theirs.save_pretrained(tmp_path / "theirs")
+    tokens = _rows()
+    tokens[:, 0] = 2  # a [CLS]-like first token
+    ours = load_classifier(tmp_path / "theirs", seq_len=SEQ).eval()
+    with torch.no_grad():
+        our_logits = ours.scores(tokens)
+    expected = _their_logits(theirs, tokens)
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(our_logits, expected, rtol=1e-4, atol=1e-4 * scale)
+    raw = json.loads((tmp_path / "theirs" / hf.CONFIG).read_text())
+    export.save_classifier(ours.state_dict(), raw, ours.spec, tmp_path / "ours")
+    back = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
+    assert back.config.id2label == dict(enumerate(NAMES))
+    torch.testing.assert_close(
+        _their_logits(back, tokens), our_logits, rtol=1e-4, atol=1e-4 * scale
+    )
+
+
+def test_bert_attention_is_bidirectional_and_ignores_padding(tmp_path: Path) -> None:
+    _bert().save_pretrained(tmp_path / "m")
+    model = load_classifier(tmp_path / "m", seq_len=SEQ).eval()
+    tokens = _rows()[:1]
+    later = tokens.clone()
+    later[0, 3] = 200  # a token after [CLS]: the pooled first position sees it
+    unpadded = tokens[:, :5]  # the row's tokens without its padding (positions 5 on)
+    with torch.no_grad():
+        base, changed, alone = (model.scores(t) for t in (tokens, later, unpadded))
+    assert not torch.allclose(base, changed)
+    torch.testing.assert_close(alone, base)
+
+
+def test_bert_encoder_of_a_masked_lm_gets_a_new_head(tmp_path: Path) -> None:
+    from transformers import BertConfig, BertForMaskedLM
+
+    from trainer.classify import encoder
+
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(**BERT_SHAPE, pad_token_id=PAD)).save_pretrained(tmp_path / "mlm")
+    head = HeadSpec(NAMES, True, PAD)
+    model = encoder.load(tmp_path / "mlm", seq_len=SEQ, head=head)
+    assert model.spec == head and model.classifier.weight.shape == (3, 32)
+    with torch.no_grad():
+        assert model.scores(_rows()).shape == (3, 3)

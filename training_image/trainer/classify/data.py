@@ -469,7 +469,7 @@ class ClassifySampler:
         rng = np.random.Generator(np.random.PCG64([self.seed, epoch, _ORDER_STREAM]))
         return rng.permutation(self.examples)
 
-    def _step_rows(self, step: int) -> np.ndarray:
+    def step_examples(self, step: int) -> np.ndarray:
         """The example of each row of the step's global batch, -1 for an empty row."""
         per_epoch = self.steps_in(0)
         epoch, k = divmod(step, per_epoch)
@@ -478,7 +478,7 @@ class ClassifySampler:
 
     def trained_targets(self, step: int) -> int:
         """Rows of the step's global batch that hold an example (all ranks, all micro-steps)."""
-        return int(np.count_nonzero(self._step_rows(step) >= 0))
+        return int(np.count_nonzero(self.step_examples(step) >= 0))
 
     def batch(
         self, step: int, micro_step: int = 0
@@ -489,7 +489,7 @@ class ClassifySampler:
         import torch
 
         block = micro_step * self.world_size + self.rank
-        picks = self._step_rows(step)[block * self.micro_batch : (block + 1) * self.micro_batch]
+        picks = self.step_examples(step)[block * self.micro_batch : (block + 1) * self.micro_batch]
         rows = np.full((self.micro_batch, self.seq_len), self.pad, dtype=np.int64)
         label_shape = (self.micro_batch, *self.labels.shape[1:])
         labels = np.zeros(label_shape, dtype=np.float32 if self.labels.ndim == 2 else np.int64)

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainer import data, device, hf, tokenizing
+from trainer import data, device, tokenizing
 from trainer.classify.data import ClassifySampler, Labels, open_labels
+from trainer.classify.load import Classifier, load_classifier
 from trainer.classify.metrics import Tally
-from trainer.classify.model import SequenceClassifier, load_classifier, loss_sum
+from trainer.classify.model import loss_sum
 
 SPLITS = ("eval", "train")
 DEFAULT_MICRO_BATCH = 8
@@ -35,7 +36,6 @@ class Totals:
     tally: Tally
     loss_sum: float = 0.0
     examples: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor) -> None:
         """One batch of FP32 host logits and the sampler's labels and rows."""
@@ -43,6 +43,12 @@ class Totals:
         self.loss_sum += float(loss_sum(logits.double(), labels, rows, multi_label=multi))
         self.examples += int(rows.sum())
         self.tally.add(logits.numpy(), labels.numpy(), rows.numpy())
+
+    def merge(self, other: Totals) -> None:
+        """Adds ``other``'s sums and counts (another rank's share of the same eval)."""
+        self.tally.merge(other.tally)
+        self.loss_sum += other.loss_sum
+        self.examples += other.examples
 
     def result(self) -> dict[str, object]:
         """:meth:`Tally.result` with the mean ``loss`` (None without an example)."""
@@ -129,7 +135,7 @@ def _texts(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
         yield record, text
 
 
-def prediction(logits: torch.Tensor, model: SequenceClassifier) -> dict[str, object]:
+def prediction(logits: torch.Tensor, model: Classifier) -> dict[str, object]:
     """One row's prediction: ``label`` (the argmax) and ``scores`` (softmax probabilities by
     class name); multi-label ``labels`` (each class above 0.5) and ``scores`` (sigmoids)."""
     names = model.spec.names
@@ -189,14 +195,4 @@ def is_classification_data(data_dir: str | Path) -> bool:
     try:
         return bool(json.loads(path.read_text()).get("task") == "classify")
     except (OSError, ValueError, AttributeError):
-        return False
-
-
-def is_classifier_dir(model_dir: str | Path) -> bool:
-    """Whether ``model_dir`` holds a ``*ForSequenceClassification`` config."""
-    from trainer.classify.model import is_classifier
-
-    try:
-        return is_classifier(hf.read_config(model_dir))
-    except hf.HFConfigError:
         return False

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from trainer import hf, lora
+from trainer.classify import encoder
 from trainer.classify.model import SCORE, HeadSpec, causal_config, to_hf
 
 SEQ_CLS_TASK = "SEQ_CLS"
@@ -50,8 +51,9 @@ def save_classifier(
     dtype: str = "auto",
     max_shard_bytes: int = 5 << 30,
 ) -> list[str]:
-    """Writes our classifier ``state`` as a Hugging Face classifier directory ``out`` (new or
-    empty): the weights in transformers' names (``model.safetensors``, or shards of at most
+    """Writes our classifier ``state`` (a decoder's, or BERT's when ``raw_config`` is BERT's)
+    as a Hugging Face classifier directory ``out`` (new or empty): the weights in transformers'
+    names (``model.safetensors``, or shards of at most
     ``max_shard_bytes`` with ``model.safetensors.index.json``) and :func:`classifier_config`.
     ``dtype`` as :func:`trainer.hf.export_dtype` (default ``auto``). Returns the files written.
 
@@ -64,9 +66,15 @@ def save_classifier(
         raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf.DTYPES)}")
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
-    config = classifier_config(raw_config, head, name)
-    cfg = hf.parse_config(causal_config(config), seq_len=1)
-    tensors = to_hf(state, cfg, head.num_labels, hf.DTYPES[name])
+    if encoder.is_bert(raw_config):
+        config = {**raw_config, "architectures": [encoder.CLASSIFIER], **head.config_fields()}
+        config.update(dtype=name)
+        # BERT's parameters carry transformers' names already.
+        tensors = {k: v.to(hf.DTYPES[name], copy=True).contiguous() for k, v in state.items()}
+    else:
+        config = classifier_config(raw_config, head, name)
+        cfg = hf.parse_config(causal_config(config), seq_len=1)
+        tensors = to_hf(state, cfg, head.num_labels, hf.DTYPES[name])
     root = hf.check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     shards = hf._shard(tensors, max_shard_bytes)

@@ -48,6 +48,12 @@ class Tally:
         for k, (p, t) in enumerate(((False, False), (True, False), (False, True), (True, True))):
             self.counts[:, k] += ((predicted == p) & (true == t)).sum(axis=0)
 
+    def merge(self, other: Tally) -> None:
+        """Adds ``other``'s counts (another rank's share of the same eval)."""
+        self.counts += other.counts
+        self.examples += other.examples
+        self.exact += other.exact
+
     def _tp_fp_fn(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.multi_label:
             return self.counts[:, 3], self.counts[:, 1], self.counts[:, 2]

@@ -287,9 +287,9 @@ def read_weights(
     return state
 
 
-def load_classifier(model_dir: str | Path, *, seq_len: int = 0) -> SequenceClassifier:
-    """The classifier of a ``*ForSequenceClassification`` directory (ours or transformers'),
-    at ``seq_len`` (0: as ``run --model`` takes it).
+def load_decoder(model_dir: str | Path, *, seq_len: int = 0) -> SequenceClassifier:
+    """The classifier of a decoder's ``*ForSequenceClassification`` directory (ours or
+    transformers'), at ``seq_len`` (0: as ``run --model`` takes it).
 
     Raises:
         hf.HFConfigError: not a classifier of a supported decoder (see :func:`head_of`).
@@ -300,7 +300,7 @@ def load_classifier(model_dir: str | Path, *, seq_len: int = 0) -> SequenceClass
     if not is_classifier(raw):
         raise hf.HFConfigError(
             f"{source}: architectures {raw.get('architectures')!r} is not a sequence "
-            f"classifier; allowed: one of {', '.join(SEQ_CLS)}"
+            f"classifier; allowed: one of {', '.join([*SEQ_CLS, 'BertForSequenceClassification'])}"
         )
     cfg = hf.parse_config(causal_config(raw, source), seq_len=seq_len or None, source=source)
     head = head_of(raw, source)

@@ -1,0 +1,331 @@
+"""A BERT encoder classifier, as transformers 5.23.0's ``BertForSequenceClassification``
+computes one (``models/bert/modeling_bert.py``), with its parameter names, so that its weights
+load and export as they are.
+
+BERT is the encoder family the Neuron documentation trains (its BERT MRPC fine-tuning tutorial
+is marked for Trn1, Trn2 and Trn3; docs/classification.md gives the sources). The model: word,
+absolute position and token-type embeddings (every token of type 0: one text per row) summed
+and layer-normed; per layer, bidirectional attention over the row's tokens that are not padding
+(``attention_mask`` from ``pad_token_id``), then dense + residual + LayerNorm, a GELU (erf)
+feed-forward, dense + residual + LayerNorm; the pooling its config implies, BERT's pooler
+(``tanh(dense(h[CLS]))`` on position 0); then the ``classifier`` linear layer with bias.
+Pooler and classifier run in FP32 outside autocast, as the decoder's score head does. Dropout
+is left out (the trainer's runs have none). A row of padding only attends to its position 0,
+so that no softmax runs over nothing (its loss and figures are never counted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer import hf
+from trainer.classify.model import INIT_STD, HeadSpec, head_of, loss_sum
+
+MODEL_TYPE = "bert"
+CLASSIFIER = "BertForSequenceClassification"
+# Checkpoints whose weights hold a BERT encoder under "bert." (a classifier, pre-training and
+# masked-LM checkpoints) or at the top level (BertModel).
+BASES = (CLASSIFIER, "BertModel", "BertForPreTraining", "BertForMaskedLM")
+# BertConfig's defaults (configuration_bert.py at 5.23.0) for the fields read here.
+DEFAULTS: Mapping[str, Any] = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12,
+    "is_decoder": False,
+}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The shape of a BERT encoder and the sequence length it runs at."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    seq_len: int
+
+
+def is_bert(raw: Mapping[str, Any]) -> bool:
+    """Whether a ``config.json`` is of a BERT model."""
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs:
+        return all(a in BASES for a in archs)
+    return raw.get("model_type") == MODEL_TYPE
+
+
+def parse_config(
+    raw: Mapping[str, Any], *, seq_len: int | None = None, source: str | Path = hf.CONFIG
+) -> BertConfig:
+    """The :class:`BertConfig` of a BERT ``config.json``; ``seq_len`` None takes
+    ``max_position_embeddings``.
+
+    Raises:
+        hf.HFConfigError: an activation other than ``gelu``, a decoder, a shape field that is
+            not a positive integer, a hidden size not divisible by the heads, or ``seq_len``
+            outside 1..``max_position_embeddings``.
+    """
+
+    def get(field: str) -> Any:
+        return raw.get(field, DEFAULTS[field])
+
+    if get("hidden_act") != "gelu" or get("is_decoder"):
+        raise hf.HFConfigError(
+            f"{source}: hidden_act {get('hidden_act')!r}, is_decoder {get('is_decoder')!r}: "
+            "allowed: 'gelu', false (a BERT encoder)"
+        )
+    sizes = {}
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    ):
+        value = get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise hf.HFConfigError(f"{source}: {field} must be a positive integer, got {value!r}")
+        sizes[field] = value
+    if sizes["hidden_size"] % sizes["num_attention_heads"]:
+        raise hf.HFConfigError(
+            f"{source}: hidden_size {sizes['hidden_size']} must be a multiple of "
+            f"num_attention_heads {sizes['num_attention_heads']}"
+        )
+    length = sizes["max_position_embeddings"] if seq_len is None else seq_len
+    if not 1 <= length <= sizes["max_position_embeddings"]:
+        raise hf.HFConfigError(
+            f"{source}: seq_len {length} must be between 1 and max_position_embeddings "
+            f"{sizes['max_position_embeddings']}"
+        )
+    return BertConfig(**sizes, layer_norm_eps=float(get("layer_norm_eps")), seq_len=length)
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[-1]
+        x = self.word_embeddings(idx) + self.token_type_embeddings.weight[0]
+        out: torch.Tensor = self.LayerNorm(x + self.position_embeddings.weight[:t])
+        return out
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.heads = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+
+        def split(proj: nn.Linear) -> torch.Tensor:
+            heads: torch.Tensor = proj(x).view(b, t, self.heads, d // self.heads)
+            return heads.transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(
+            split(self.query), split(self.key), split(self.value), attn_mask=mask
+        )
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+class _DenseNorm(nn.Module):
+    """``LayerNorm(dense(x) + residual)``: BERT's output of attention and of the MLP."""
+
+    def __init__(self, cfg: BertConfig, width: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(width, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.LayerNorm(self.dense(x) + residual)
+        return out
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.self = _SelfAttention(cfg)
+        self.output = _DenseNorm(cfg, cfg.hidden_size)
+
+
+class _Intermediate(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.attention = _Attention(cfg)
+        self.intermediate = _Intermediate(cfg)
+        self.output = _DenseNorm(cfg, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, mask), x)
+        out: torch.Tensor = self.output(F.gelu(self.intermediate.dense(x)), x)
+        return out
+
+
+class _Encoder(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(_Layer(cfg) for _ in range(cfg.num_hidden_layers))
+
+
+class _Pooler(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+
+class _Bert(nn.Module):
+    def __init__(self, cfg: BertConfig) -> None:
+        super().__init__()
+        self.embeddings = _Embeddings(cfg)
+        self.encoder = _Encoder(cfg)
+        self.pooler = _Pooler(cfg)
+
+
+class BertClassifier(nn.Module):
+    """BERT with a classifier of ``head.num_labels`` outputs; ``forward(idx, labels, rows)``
+    and ``forward(idx)`` as :class:`trainer.classify.model.SequenceClassifier`'s."""
+
+    def __init__(
+        self, cfg: BertConfig, head: HeadSpec, class_weights: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.cfg, self.spec = cfg, head
+        self.bert = _Bert(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, head.num_labels)
+        self.class_weights: torch.Tensor | None
+        self.register_buffer("class_weights", class_weights, persistent=False)
+        if self.classifier.weight.device.type != "meta":
+            self.apply(_init)
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """``(batch, seq_len, hidden)``: the last layer's output."""
+        t = idx.shape[-1]
+        first = torch.arange(t, device=idx.device) == 0
+        # (batch, 1, 1, seq_len): every query attends to the row's tokens (and position 0).
+        mask = ((idx != self.spec.pad_token_id) | first)[:, None, None, :]
+        x: torch.Tensor = self.bert.embeddings(idx)
+        for layer in self.bert.encoder.layer:
+            x = layer(x, mask)
+        return x
+
+    def scores(self, idx: torch.Tensor) -> torch.Tensor:
+        """FP32 ``(batch, classes)`` logits."""
+        first = self.hidden(idx)[:, 0]
+        with torch.autocast(first.device.type, enabled=False):
+            pooler = self.bert.pooler.dense
+            pooled = torch.tanh(F.linear(first.float(), pooler.weight.float(), pooler.bias.float()))
+            return F.linear(pooled, self.classifier.weight.float(), self.classifier.bias.float())
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if labels is None or rows is None:
+            return self.scores(idx)
+        return loss_sum(
+            self.scores(idx),
+            labels,
+            rows,
+            multi_label=self.spec.multi_label,
+            class_weights=self.class_weights,
+        )
+
+
+def _init(module: nn.Module) -> None:
+    """transformers' BERT initialization: normal(0, 0.02) matrices, zero biases, unit norms."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def read_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """A BERT directory's encoder weights (``bert.*`` names; a ``BertModel``'s top-level names
+    get the prefix) and its ``classifier.*`` when it has one, FP32; other heads (``cls.*``:
+    pre-training) are left out."""
+    files = hf.tensor_files(model_dir)
+    state = {}
+    with hf._opened(sorted(set(files.values()))) as handles:
+        for name, path in files.items():
+            ours = name if name.startswith(("bert.", "classifier.")) else f"bert.{name}"
+            if not ours.startswith("bert.cls") and not name.startswith("cls."):
+                state[ours] = handles[path].get_tensor(name).float()
+    state.pop("bert.embeddings.position_ids", None)
+    return state
+
+
+def _drawn(shape: tuple[int, ...], bias: bool) -> torch.Tensor:
+    """A new head tensor as :func:`_init` draws it (from torch's global generator)."""
+    return torch.zeros(shape) if bias else nn.init.normal_(torch.empty(shape), 0.0, INIT_STD)
+
+
+def load(
+    model_dir: str | Path, *, seq_len: int = 0, head: HeadSpec | None = None
+) -> BertClassifier:
+    """The BERT classifier of ``model_dir``: a ``BertForSequenceClassification`` with its own
+    head, or (``head`` given) any BERT checkpoint's encoder with a new classifier drawn from
+    torch's global generator (the pooler kept when the checkpoint has one, else drawn too).
+
+    Raises:
+        hf.HFConfigError: see :func:`parse_config` and
+            :func:`trainer.classify.model.head_of`.
+        hf.HFWeightsError: the weights do not fit the config.
+    """
+    raw = hf.read_config(model_dir)
+    source = Path(model_dir) / hf.CONFIG
+    cfg = parse_config(raw, seq_len=seq_len or None, source=source)
+    new_head = head is not None
+    head = head or head_of(raw, source)
+    with torch.device("meta"):
+        model = BertClassifier(cfg, head)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    state = read_state(model_dir)
+    if new_head:
+        state = {k: v for k, v in state.items() if not k.startswith("classifier.")}
+    for name, shape in expected.items():
+        if name.startswith(("classifier.", "bert.pooler.")) and name not in state:
+            state[name] = _drawn(shape, name.endswith(".bias"))
+    found = {k: tuple(v.shape) for k, v in state.items()}
+    if found != expected:
+        wrong = sorted(set(found.items()) ^ set(expected.items()))[:5]
+        raise hf.HFWeightsError(f"{model_dir}: weights do not fit its config.json: {wrong}")
+    model.load_state_dict(state, assign=True)
+    return model
