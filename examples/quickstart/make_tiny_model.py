@@ -1,4 +1,4 @@
-"""A tiny random Llama and a few hundred made-up conversations, for fine-tuning on CPU offline.
+"""A tiny random Llama and two hundred made-up conversations, for fine-tuning on CPU offline.
 
 Writes a Hugging Face model directory (``config.json``, ``model.safetensors``, a byte-level
 ``tokenizer.json`` with a chat template whose ``{% generation %}`` blocks mark the assistant's
@@ -72,7 +72,7 @@ def write_model(out: Path, seed: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
-def write_chats(path: Path, seed: int, count: int = 400) -> None:
+def write_chats(path: Path, seed: int, count: int = 200) -> None:
     """``count`` conversations asking for the sum of two numbers under 50."""
     rng = random.Random(seed)
     with path.open("w") as out:
