@@ -296,6 +296,7 @@ def metrics_key(job_name: str) -> str:
 EXPORT_COMMAND = ("python3", "-m", "trainer", "export")
 SOURCE_JOB_LABEL = "trn-platform/source-job"
 MERGE_LORA_FLAG = "--merge-lora"
+BASE_MODEL_ID_FLAG = "--base-model-id"
 # The flag of `trn-train run` that makes a run a LoRA fine-tune (see TrainingArgs.argv).
 LORA_RANK_FLAG = "--lora-rank"
 _EXPORT_SUFFIX = "-export-mmddhhmmss"
@@ -328,6 +329,7 @@ def render_export(
     outputs: EnvironmentOutputs,
     image: str | None = None,
     merge_lora: bool = False,
+    base_model_id: str = "",
     target: str = TRN,
 ) -> dict[str, Any]:
     """The TrainJob that writes the newest valid checkpoint of ``job_name`` as a Hugging Face
@@ -335,7 +337,8 @@ def render_export(
     the source job's own, so that the export runs where its image does), whose pod already
     mounts FSx, running ``trn-train export``. Of a LoRA run that directory is a PEFT adapter,
     or with ``merge_lora`` (default False) the full model with the adapters merged
-    (``trn-train export --merge-lora``).
+    (``trn-train export --merge-lora``). ``base_model_id`` (default none: the trainer's default,
+    the model config's ``_name_or_path``) is the hub id an adapter names as its base.
 
     Raises:
         TrnctlError: as :func:`render`.
@@ -343,6 +346,8 @@ def render_export(
     args = ["--checkpoint-dir", checkpoint_dir(job_name), "--out", export_dir(job_name, export)]
     if merge_lora:
         args.append(MERGE_LORA_FLAG)
+    if base_model_id:
+        args += [BASE_MODEL_ID_FLAG, base_model_id]
     return render(
         name=export,
         outputs=outputs,

@@ -176,3 +176,60 @@ def test_an_export_on_an_empty_group_is_refused_before_submitting(
     assert "the GPU node group of trn-dev has 0 nodes" in run.stderr
     assert "-c gpu_nodes=N (N >= 1)" in run.stderr
     assert list(fake.trainjobs) == ["ft-1"]
+
+
+def test_a_lora_export_passes_the_base_model_id_to_trn_train(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, LORA_ARGS)
+    _export_finishes(fake, "Complete")
+
+    run = trnctl(*EXPORT, "--base-model-id", "meta-llama/Llama-3.2-1B")
+
+    assert run.exit_code == 0, run.stderr
+    trainer = _created(fake)["spec"]["trainer"]
+    parsed = _parser().parse_args([trainer["command"][-1], *trainer["args"]])
+    assert parsed.base_model_id == "meta-llama/Llama-3.2-1B"
+    assert parsed.merge_lora is False
+
+
+def test_without_a_base_model_id_trn_train_keeps_its_default(fake: FakeKube, trnctl: Any) -> None:
+    _source(fake, LORA_ARGS)
+    _export_finishes(fake, "Complete")
+
+    assert trnctl(*EXPORT).exit_code == 0
+    trainer = _created(fake)["spec"]["trainer"]
+    assert jobs.BASE_MODEL_ID_FLAG not in trainer["args"]
+
+
+@pytest.mark.parametrize(
+    ("args", "source_args", "message"),
+    [
+        (
+            ("--base-model-id", "org/m", "--merge-lora"),
+            LORA_ARGS,
+            "trnctl: --base-model-id: a merged model names no base model (only a PEFT adapter "
+            "does); leave out --base-model-id or --merge-lora\n",
+        ),
+        (
+            ("--base-model-id", "org/my model"),
+            LORA_ARGS,
+            "trnctl: --base-model-id 'org/my model': a model id has no spaces or control "
+            "characters; give the hub id, e.g. meta-llama/Llama-3.2-1B\n",
+        ),
+        (
+            ("--base-model-id", "org/m"),
+            FULL_ARGS,
+            "trnctl: --base-model-id: TrainJob 'ft-1' is not a LoRA fine-tune (its arguments "
+            "have no --lora-rank); only an adapter names a base model, so leave it out\n",
+        ),
+    ],
+)
+def test_a_base_model_id_no_adapter_would_carry_is_refused_before_submitting(
+    fake: FakeKube, trnctl: Any, args: tuple[str, ...], source_args: list[str], message: str
+) -> None:
+    _source(fake, source_args)
+
+    run = trnctl(*EXPORT, *args)
+
+    assert run.exit_code == ExitCode.USAGE
+    assert run.stderr == message
+    assert not [r for r in fake.requests if r.method == "POST"]

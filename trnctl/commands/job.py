@@ -398,6 +398,22 @@ def _submit_command(
     _create(job, outputs, spec, what, env, dry_run)
 
 
+def _check_base_model_id(base_model_id: str, merge_lora: bool) -> None:
+    """Refuse a ``--base-model-id`` that no adapter would carry or that is not one word."""
+    if not base_model_id:
+        return
+    if merge_lora:
+        raise TrnctlError(
+            "--base-model-id: a merged model names no base model (only a PEFT adapter does); "
+            "leave out --base-model-id or --merge-lora"
+        )
+    if any(c.isspace() or not c.isprintable() for c in base_model_id):
+        raise TrnctlError(
+            f"--base-model-id {base_model_id!r}: a model id has no spaces or control "
+            "characters; give the hub id, e.g. meta-llama/Llama-3.2-1B"
+        )
+
+
 @app.command("export")
 def job_export(
     name: Annotated[str, typer.Argument(help="The TrainJob (a --model run) to export.")],
@@ -421,6 +437,15 @@ def job_export(
             "adapter). Refused for a job without LoRA.",
         ),
     ] = False,
+    base_model_id: Annotated[
+        str,
+        typer.Option(
+            "--base-model-id",
+            help="Of a LoRA job's adapter: the base model's hub id, written as the adapter's "
+            "base_model_name_or_path (default: the model's config.json _name_or_path, else its "
+            "directory). Refused with --merge-lora and for a job without LoRA.",
+        ),
+    ] = "",
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
@@ -429,11 +454,17 @@ def job_export(
     group: trn, or gpu for a --target gpu job); print where it is. A LoRA job's export is its
     PEFT adapter, or with --merge-lora the merged full model. --dry-run prints the trn form."""
     jobs.validate_name(name)
+    _check_base_model_id(base_model_id, merge_lora)
     outputs = common.outputs_of(env, region)
     export = jobs.export_name(name, datetime.now(UTC))
     if dry_run:
         job = jobs.render_export(
-            job_name=name, export=export, outputs=outputs, image=image, merge_lora=merge_lora
+            job_name=name,
+            export=export,
+            outputs=outputs,
+            image=image,
+            merge_lora=merge_lora,
+            base_model_id=base_model_id,
         )
         typer.echo(jobs.to_yaml(job), nl=False)
         return
@@ -452,6 +483,11 @@ def job_export(
             f"{jobs.LORA_RANK_FLAG}); its export is the full model already, so leave out "
             "--merge-lora"
         )
+    if base_model_id and not lora:
+        raise TrnctlError(
+            f"--base-model-id: TrainJob {name!r} is not a LoRA fine-tune (its arguments have no "
+            f"{jobs.LORA_RANK_FLAG}); only an adapter names a base model, so leave it out"
+        )
     image = image or source.get("spec", {}).get("trainer", {}).get("image")
     # The export runs on the source job's group, where its image runs; not on an empty one.
     target = jobs.target_of(source)
@@ -463,6 +499,7 @@ def job_export(
             outputs=outputs,
             image=image,
             merge_lora=merge_lora,
+            base_model_id=base_model_id,
             target=target,
         )
     )
