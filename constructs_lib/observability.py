@@ -16,12 +16,15 @@ from constructs import Construct
 from constructs_lib._alerts import BUDGETS, CLOUDWATCH, alert_topic, monthly_budget
 from constructs_lib._common import log_group_key, retention
 from constructs_lib._props import props_from
+from trn_catalog import devices as device_modes
 from trn_catalog import formats
 from trn_catalog import observability as obs
 from trn_catalog.outputs import PREVIEW_REGIONS, TAG_ENVIRONMENT
 
 PERIOD = Duration.minutes(1)
 WIDE, HALF, THIRD = 24, 12, 8
+# Beside a widget or alarm whose metrics a DRA node does not get (obs.DEVICE_PLUGIN_ONLY).
+DRA_NOTE = "device-plugin nodes only: none from DRA trn nodes"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,10 @@ class TrainingObservabilityProps:
         log_retention_days: of the trainer's EMF log group. Default 30.
         removal_policy: of that log group and its key. Default DESTROY (the metrics are kept
             by CloudWatch; the log group holds their raw documents).
+        devices: how the trn nodes get their devices, ``plugin`` or ``dra``. Under ``dra`` the
+            widgets and the alarm whose metrics need a device plugin
+            (:data:`trn_catalog.observability.DEVICE_PLUGIN_ONLY`: EFA's) say that DRA trn nodes
+            report none. Default ``plugin``.
     """
 
     environment: str
@@ -68,6 +75,7 @@ class TrainingObservabilityProps:
     budget_usd: int | None = None
     log_retention_days: int = 30
     removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
+    devices: device_modes.DeviceMode = "plugin"
 
 
 class TrainingObservability(Construct):
@@ -92,7 +100,8 @@ class TrainingObservability(Construct):
         ValueError: an ``environment`` or ``cluster_name`` that is empty or a token,
             ``stalled_minutes`` outside 5..1440, a malformed ``alert_email``, a ``budget_usd``
             below 1, a ``budget_usd`` in a region whose CloudFormation has no
-            AWS::Budgets::Budget, or a log retention CloudWatch does not offer.
+            AWS::Budgets::Budget, a log retention CloudWatch does not offer, or ``devices``
+            neither ``plugin`` nor ``dra``.
     """
 
     def __init__(
@@ -205,7 +214,7 @@ class TrainingObservability(Construct):
                 "EfaErrors",
                 efa_errors,
                 f"{props.environment}: EFA dropped packets or lost peers on a node; "
-                "multi-node jobs slow down or hang",
+                "multi-node jobs slow down or hang" + self._dra_note(*obs.EFA_ERRORS),
                 periods=1,
             ),
             "TrainingStalled": self._alarm(
@@ -275,17 +284,17 @@ class TrainingObservability(Construct):
         )
         dashboard.add_widgets(
             cw.GraphWidget(
-                title="EFA received per node (bytes/s)",
+                title="EFA received per node (bytes/s)" + self._dra_note(obs.EFA_RX_BYTES),
                 left=[self._per_node(obs.EFA_RX_BYTES, "SUM", "rx")],
                 width=THIRD,
             ),
             cw.GraphWidget(
-                title="EFA sent per node (bytes/s)",
+                title="EFA sent per node (bytes/s)" + self._dra_note(obs.EFA_TX_BYTES),
                 left=[self._per_node(obs.EFA_TX_BYTES, "SUM", "tx")],
                 width=THIRD,
             ),
             cw.GraphWidget(
-                title="EFA errors and Neuron ECC events",
+                title="EFA errors and Neuron ECC events" + self._dra_note(*obs.EFA_ERRORS),
                 left=[self.alarms["EfaErrors"].metric, self.alarms["NeuronHardwareErrors"].metric],
                 width=THIRD,
             ),
@@ -341,15 +350,28 @@ class TrainingObservability(Construct):
             width=HALF,
         )
 
+    def _dra_note(self, *metrics: obs.AgentMetric) -> str:
+        """:data:`DRA_NOTE` in brackets where ``devices`` is ``dra`` and one of ``metrics`` needs
+        a device plugin; nothing otherwise."""
+        if self.props.devices != "dra" or not set(metrics) & set(obs.DEVICE_PLUGIN_ONLY):
+            return ""
+        return f" ({DRA_NOTE})"
+
     def _header(self) -> str:
         props = self.props
         groups = "; ".join(
             f"{g.role}: {g.nodes} x {g.instance_type} ({g.capacity})" for g in props.node_groups
         )
+        devices = (
+            " Devices by DRA: Neuron figures are per node (none per pod), and Container Insights "
+            "has no EFA figures for the trn nodes (docs/observability-and-cost.md)."
+            if props.devices == "dra"
+            else ""
+        )
         return (
             f"# {props.environment}\n"
             f"Cluster `{props.cluster_name}`, jobs in `{props.namespace}`. "
-            f"Node groups: {groups or 'not listed'}. "
+            f"Node groups: {groups or 'not listed'}.{devices} "
             "Per job: `trnctl job top NAME`, `trnctl job cost NAME`."
         )
 
@@ -377,3 +399,8 @@ def _validate(props: TrainingObservabilityProps, region: str) -> None:
                 f"it is offered in {', '.join(sorted(PREVIEW_REGIONS))}; leave budget_usd out"
             )
     retention("log_retention_days", props.log_retention_days)
+    if props.devices not in device_modes.DEVICE_MODES:
+        raise ValueError(
+            f"devices {props.devices!r} is not allowed; use "
+            f"{' or '.join(device_modes.DEVICE_MODES)}"
+        )

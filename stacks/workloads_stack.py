@@ -135,6 +135,7 @@ class WorkloadsStack(Stack):
                 budget_usd=_budget_usd(self, config),
                 log_retention_days=config.profile.log_retention_days,
                 removal_policy=removal_policy(config),
+                devices=config.devices,
             ),
         )
 

@@ -179,6 +179,25 @@ AGENT_METRICS: tuple[AgentMetric, ...] = (
     *EFA_ERRORS,
 )
 
+# What Container Insights can publish only for nodes whose devices a device plugin hands out; on a
+# DRA node (``-c devices=dra``) these stay empty:
+# - per-pod Neuron metrics: the agent ties a NeuronCore to a pod through the kubelet's
+#   device-plugin allocations and, finding none, publishes the node's metric alone ("A metric is
+#   duplicated for pod and container only if pod correlation has been done successfully",
+#   aws/amazon-cloudwatch-agent v1.300066.0,
+#   plugins/processors/gpuattributes/internal/awsneuron_metric_modifier.go, duplicateMetrics);
+#   the node-level Neuron metrics above are published either way;
+# - every EFA metric: the user guide's enhanced observability page lists the EFA device plugin as
+#   their prerequisite, and under DRA the trn nodes' EFA interfaces come from aws-dranet.
+DEVICE_PLUGIN_ONLY: tuple[AgentMetric, ...] = (
+    POD_NEURONCORE_UTILIZATION,
+    EFA_RX_BYTES,
+    EFA_TX_BYTES,
+    EFA_RDMA_READ_BYTES,
+    EFA_RDMA_WRITE_BYTES,
+    *EFA_ERRORS,
+)
+
 # FSx for Lustre (the FSx user guide's Lustre metrics, namespace AWS/FSx, per FileSystemId).
 FSX_NAMESPACE = "AWS/FSx"
 FSX_READ_BYTES = "DataReadBytes"

@@ -15,9 +15,11 @@ import pytest
 from aws_cdk import aws_ec2 as ec2
 
 from constructs_lib import TrainingObservability
+from constructs_lib.observability import DRA_NOTE
+from tests.conformance import chart_values
 from tests.conftest import Synth, construct_app
+from trn_catalog import GPU_CATALOG, versions
 from trn_catalog import observability as obs
-from trn_catalog import versions
 from trn_catalog.outputs import TAG_ENVIRONMENT, TAG_PREVIEW
 
 QUERY = re.compile(
@@ -246,10 +248,14 @@ def test_every_trn_node_has_a_neuron_metrics_source(
     synth_variant: Callable[[str], Synth], variant: str
 ) -> None:
     """Container Insights' neuron-monitor runs on the trn group's type (the add-on's own list
-    stops at trn2u.48xlarge), its agent collects Neuron and EFA metrics and listens for the
-    trainer's EMF; under DRA the nodes carry the label Neuron Observer selects them by."""
+    stops at trn2u.48xlarge) and on no GPU node, its agent collects Neuron and EFA metrics and
+    listens for the trainer's EMF. Under DRA that neuron-monitor is the Neuron source: the
+    dashboard draws the node-level Neuron metrics, which the agent publishes without a device
+    plugin; and the nodes carry the label Neuron Observer selects them by."""
     synth = synth_variant(variant)
     configuration = _cloudwatch_addon(synth)
+    # The chart (5.3.1 values.yaml) starts neuron-monitor unless told not to.
+    assert configuration["neuronMonitor"].get("enabled", True) is True
     affinity = configuration["neuronMonitor"]["affinity"]["nodeAffinity"]
     (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     (types,) = [
@@ -258,19 +264,48 @@ def test_every_trn_node_has_a_neuron_metrics_source(
         if e["key"] == "node.kubernetes.io/instance-type"
     ]
     assert synth.platform.cluster.trainium.props.instance_type in types
+    assert not set(types) & set(GPU_CATALOG)
     metrics = configuration["agent"]["config"]["logs"]["metrics_collected"]
     assert metrics["kubernetes"]["enhanced_container_insights"] is True
     assert metrics["emf"] == {}
     labels = _trn_labels(synth)
     if variant == "dra":
         assert labels[obs.NEURON_PRESENT_LABEL] == "true"
+        drawn = {m for _, m, _ in used_metrics(dashboard(synth)["widgets"])}
+        neuron = {obs.NEURONCORE_UTILIZATION.name, obs.NEURON_DEVICE_MEMORY.name}
+        assert neuron <= drawn
+        assert not neuron & {m.name for m in obs.DEVICE_PLUGIN_ONLY}
     else:
         assert obs.NEURON_PRESENT_LABEL not in labels  # the device plugin sets it
 
 
-def test_the_addon_configuration_keys_are_the_charts() -> None:
-    from tests.conformance import chart_values
+@pytest.mark.parametrize("variant", ["dev", "dra"])
+def test_under_dra_what_only_a_device_plugin_feeds_says_so(
+    synth_variant: Callable[[str], Synth], variant: str
+) -> None:
+    """Under DRA the widgets and the alarm drawing EFA metrics (none from DRA trn nodes) name
+    that, and the header says where the Neuron figures come from; with device plugins, nothing
+    does."""
+    synth = synth_variant(variant)
+    dra = variant == "dra"
+    device_plugin_only = {m.name for m in obs.DEVICE_PLUGIN_ONLY}
+    widgets = dashboard(synth)["widgets"]
+    flagged, others = [], []
+    for widget in widgets:
+        drawn = {m for _, m, _ in used_metrics([widget])}
+        title = widget["properties"].get("title", "")
+        (flagged if drawn & device_plugin_only else others).append(title)
+    assert len(flagged) == 3
+    assert all((DRA_NOTE in title) == dra for title in flagged)
+    assert not any(DRA_NOTE in title for title in others)
+    (header,) = [w["properties"]["markdown"] for w in widgets if w["type"] == "text"]
+    assert ("Devices by DRA" in header) == dra
+    alarms = _alarms(synth)
+    assert (DRA_NOTE in alarms["EfaErrors"]["AlarmDescription"]) == dra
+    assert DRA_NOTE not in alarms["NeuronHardwareErrors"]["AlarmDescription"]
 
+
+def test_the_addon_configuration_keys_are_the_charts() -> None:
     configuration = versions.addon("amazon-cloudwatch-observability").configuration
     assert configuration is not None
     assert chart_values.CLOUDWATCH_OBSERVABILITY.problems(dict(configuration)) == []
@@ -292,6 +327,7 @@ def _stack(region: str = "us-east-2") -> cdk.Stack:
         ({"budget_usd": 0}, r"budget_usd 0 is not allowed; use 1 or more"),
         ({"environment": ""}, r"environment '' is not allowed; give the name as a plain string"),
         ({"log_retention_days": 2}, r"log_retention_days 2 is not a supported log retention"),
+        ({"devices": "cdi"}, r"devices 'cdi' is not allowed; use plugin or dra"),
     ],
 )
 def test_bad_props_are_refused_naming_the_field(props: dict[str, Any], match: str) -> None:
