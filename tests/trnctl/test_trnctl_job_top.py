@@ -10,9 +10,12 @@ from typing import Any
 import boto3
 import test_trnctl_kube
 from fake_kube import FakeKube
+from rich.console import Console
 from test_trnctl_job_cost import _pod
 
 from trn_catalog import observability as obs
+from trnctl import top
+from trnctl.commands import job_watch
 
 fake = test_trnctl_kube.fake
 Trnctl = Callable[..., Any]
@@ -80,3 +83,19 @@ def test_a_job_without_metrics_yet_shows_dashes(fake: FakeKube, trnctl: Trnctl) 
     assert run.exit_code == 0, run.stderr
     (summary,) = _rows(run.stdout)
     assert summary == ["-", "-", "-", "-", "-", "-"]
+
+
+def test_under_dra_the_nodes_table_says_why_efa_is_empty() -> None:
+    """A DRA environment's trn nodes report no Container Insights EFA metrics (they come with the
+    EFA device plugin): the nodes' table says so under DRA and only there."""
+    now = datetime.now(UTC)
+    nodes = [top.NodeRef(NODE, INSTANCE)]
+
+    def rendered(devices: str) -> str:
+        console = Console(record=True, width=200)
+        for table in job_watch.top_tables("train-a", {}, nodes, {}, now, devices):
+            console.print(table)
+        return console.export_text()
+
+    assert job_watch.DRA_CAPTION in rendered("dra")
+    assert "EFA: none" not in rendered("plugin")

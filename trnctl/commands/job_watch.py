@@ -60,7 +60,7 @@ def job_top(
         values = top.latest(
             cloudwatch, top.queries(outputs.cluster_name, outputs.environment, name, refs), now
         )
-        return Group(*top_tables(name, job, refs, values, now))
+        return Group(*top_tables(name, job, refs, values, now, outputs.devices))
 
     if once:
         common.console().print(render())
@@ -72,6 +72,10 @@ def job_top(
                 live.update(render(), refresh=True)
     except KeyboardInterrupt:
         return
+
+
+# Container Insights' EFA metrics need the EFA device plugin; DRA trn nodes use aws-dranet.
+DRA_CAPTION = "EFA: none from DRA trn nodes (Container Insights reads device-plugin EFA only)"
 
 
 def _figure(value: float | None, fmt: str, unit: str = "") -> str:
@@ -95,8 +99,11 @@ def top_tables(
     nodes: list[top.NodeRef],
     values: dict[str, float],
     now: datetime,
+    devices: str = "plugin",
 ) -> list[Table]:
-    """The job's table (its figures and the time left) and the nodes' table."""
+    """The job's table (its figures and the time left) and the nodes' table; in an environment
+    whose trn nodes get their devices by DRA (``devices``), a caption under the nodes says why
+    their EFA columns stay empty (:data:`trn_catalog.observability.DEVICE_PLUGIN_ONLY`)."""
     step = values.get("job_step")
     total = top.max_steps(job)
     left = top.seconds_left(step, values.get("job_step_time"), total)
@@ -112,7 +119,7 @@ def top_tables(
         _figure(values.get("job_step_time"), ".2f", " s"),
         "-" if left is None else compare.duration(left),
     )
-    table = Table(title=f"nodes of {name}")
+    table = Table(title=f"nodes of {name}", caption=DRA_CAPTION if devices == "dra" else None)
     for column in ("node", "instance", "NeuronCore util", "device memory", "EFA rx", "EFA tx"):
         table.add_column(column, overflow="fold")
     for i, node in enumerate(nodes):
