@@ -1,26 +1,73 @@
 """`make bench`: every benchmark of the project, each against its baseline in the same run.
 
-Writes bench/results.json (its synth, trainer, fine_tuning and packing sections). Stops at the
-first benchmark that exits non-zero: trainer_bench.py when its nanoGPT figure misses the goal,
+Writes bench/results.json afresh: a ``run`` section (the command, when, the machine, its load
+before and after, the exit status), then the synth, trainer, fine_tuning and packing sections of
+the scripts; then renders it as docs/performance-measured.md (bench/page.py). Stops at the first
+benchmark that exits non-zero (trainer_bench.py when its nanoGPT figure misses the goal,
 hf_bench.py when either of its figures with a goal does, packing_bench.py when packed rows fall
-below 0.9 of the stream's tokens/s.
+below 0.9 of the stream's tokens/s); the page then shows what ran, and `make bench` fails.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results.json"
+SCRIPTS = ("synth_bench.py", "trainer_bench.py", "hf_bench.py", "packing_bench.py")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def machine() -> str:
+    """The CPU model, logical cores, memory and Python, as far as /proc says."""
+    cpu = platform.machine()
+    cpuinfo, meminfo = Path("/proc/cpuinfo"), Path("/proc/meminfo")
+    if cpuinfo.exists():
+        models = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        cpu = models[0] if models else cpu
+    memory = ""
+    if meminfo.exists():
+        kib = int(meminfo.read_text().split("MemTotal:", 1)[1].split()[0])
+        memory = f", {kib / 2**20:.0f} GiB memory"
+    return f"{cpu}, {os.cpu_count()} cores{memory}, Python {platform.python_version()}"
+
+
+def _merge_run(fields: dict[str, object]) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results["run"] = {**results.get("run", {}), **fields}
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def main() -> int:
-    for script in ("synth_bench.py", "trainer_bench.py", "hf_bench.py", "packing_bench.py"):
-        result = subprocess.run([sys.executable, str(HERE / script)])
-        if result.returncode:
-            return result.returncode
-    return 0
+    RESULTS.unlink(missing_ok=True)
+    _merge_run(
+        {"command": "make bench", "started": _now(), "machine": machine(), "load_before": _load()}
+    )
+    status = 0
+    for script in SCRIPTS:
+        status = subprocess.run([sys.executable, str(HERE / script)]).returncode
+        if status:
+            break
+    _merge_run({"finished": _now(), "load_after": _load(), "exit_status": status})
+    subprocess.run([sys.executable, str(HERE / "page.py"), "--results", str(RESULTS)], check=True)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The measured-figures page says which run produced it and shows each figure with its goal and
+whether the run met it; a benchmark that did not run is named, not left out."""
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import ROOT
+
+RESULTS = {
+    "run": {
+        "command": "make bench",
+        "started": "2026-12-02 09:30 UTC",
+        "finished": "2026-12-02 09:58 UTC",
+        "machine": "AMD EPYC 7B13, 2 cores, 23 GiB memory, Python 3.11.7",
+        "load_before": "1.0, 2.0, 3.0",
+        "load_after": "2.0, 2.0, 2.0",
+        "exit_status": 1,
+    },
+    "synth": {"make_synth_s": 41.27, "ratio": 1.71, "rounds": 5, "command": "python x"},
+    "fine_tuning": {
+        "trainer_vs_transformers_tokens_per_s": 1.1834,
+        "safetensors_load_vs_read": 0.42,
+        "goals": {"trainer_vs_transformers_tokens_per_s": 1.1, "safetensors_load_vs_read": 0.5},
+        "meets_goals": {
+            "trainer_vs_transformers_tokens_per_s": True,
+            "safetensors_load_vs_read": False,
+        },
+        "details": {"per_round": [1.2, 1.1]},
+        "command": f"python {ROOT}/bench/hf_bench.py",
+    },
+}
+
+
+@pytest.fixture
+def page(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    return importlib.import_module("page")
+
+
+def test_the_page_names_the_run_that_made_it(page: ModuleType) -> None:
+    text = page.render(RESULTS)
+
+    assert "- started: 2026-12-02 09:30 UTC; finished: 2026-12-02 09:58 UTC" in text
+    assert "- machine: AMD EPYC 7B13, 2 cores, 23 GiB memory, Python 3.11.7" in text
+    assert "- command: `make bench`" in text
+    assert "- exit status: 1" in text
+
+
+def test_each_figure_is_shown_with_its_goal_and_whether_it_was_met(page: ModuleType) -> None:
+    lines = page.render(RESULTS).splitlines()
+
+    assert "| `trainer_vs_transformers_tokens_per_s` | 1.183 | 1.1 | met |" in lines
+    assert "| `safetensors_load_vs_read` | 0.42 | 0.5 | missed |" in lines
+    assert "| `ratio` | 1.71 |  |  |" in lines
+    assert "| `rounds` | 5 |  |  |" in lines
+    assert not [line for line in lines if "per_round" in line or "goals" in line]
+    assert "Script: `bench/hf_bench.py`." not in lines  # the interpreter stays, the path shortens
+    assert "Script: `python bench/hf_bench.py`." in lines
+
+
+def test_a_benchmark_that_did_not_run_is_named(page: ModuleType) -> None:
+    text = page.render(RESULTS)
+    trainer = text.split("## trainer:", 1)[1].split("##", 1)[0]
+    assert "Not run (an earlier benchmark stopped `make bench`)." in trainer
+
+
+def test_the_script_writes_the_page_from_the_results_file(page: ModuleType, tmp_path: Path) -> None:
+    results, out = tmp_path / "results.json", tmp_path / "measured.md"
+    results.write_text(json.dumps(RESULTS))
+
+    assert page.main(["--results", str(results), "--out", str(out)]) == 0
+    assert out.read_text() == page.render(RESULTS)
+    assert page.main(["--results", str(tmp_path / "none.json"), "--out", str(out)]) == 2
