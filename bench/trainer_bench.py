@@ -151,7 +151,7 @@ def checkpoint_vs_dd(work: Path, rounds: int = 3) -> dict[str, float]:
         start = time.perf_counter()
         name = checkpointer.save(step, model, opt)
         ckpt_times.append(time.perf_counter() - start)
-        size = (work / "ckpt" / name / "state.pt").stat().st_size
+        size = sum(p.stat().st_size for p in (work / "ckpt" / name).rglob("*") if p.is_file())
         target = work / "dd.bin"
         done = subprocess.run(
             [

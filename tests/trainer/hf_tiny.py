@@ -141,10 +141,10 @@ def run_args(model: Path, data: Path, ck: Path, *extra: str, lr: str, max_steps:
 
 
 def checkpoint_state(ck: Path, step: int) -> dict[str, object]:
-    """The state file of the checkpoint of ``step`` in ``ck``."""
+    """The state of the checkpoint of ``step`` in ``ck``."""
     from trainer import checkpoint
 
-    return torch.load(ck / checkpoint.name_for(step) / checkpoint.STATE, weights_only=True)
+    return checkpoint.Checkpointer(checkpoint.LocalStore(ck)).load(checkpoint.name_for(step))
 
 
 def assert_resume_is_exact(

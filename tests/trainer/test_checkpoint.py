@@ -11,6 +11,7 @@ from typing import Any
 import boto3
 import pytest
 import torch
+import torch_save_checkpoint
 from moto import mock_aws
 from torch import nn
 
@@ -46,6 +47,10 @@ def _same(a: GPT, b: GPT) -> bool:
     )
 
 
+# The data file of a checkpoint one process wrote (torch.distributed.checkpoint's name).
+SHARD = "shards/__0_0.distcp"
+
+
 def _save_steps(store: Store, steps: list[int], keep: int = 3) -> tuple[Checkpointer, GPT]:
     checkpointer = Checkpointer(store, keep=keep)
     model, opt = _trained(0)
@@ -76,18 +81,100 @@ def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
     return ranges
 
 
-def test_load_maps_the_state_file_instead_of_reading_it(tmp_path: Path) -> None:
-    """Every tensor of a loaded state lies in a memory map of state.pt: the ranks of a node share
-    the page cache's one copy instead of each holding the whole checkpoint."""
-    checkpointer, _ = _save_steps(LocalStore(tmp_path), [5])
+def test_load_reads_the_whole_state_from_the_checkpoint_alone(tmp_path: Path) -> None:
+    """Without a model to shape it (an export): the state as it was saved, the optimizer's
+    parameter groups (lists in the state) included, or the parts asked for alone."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    checkpointer, model = _save_steps(LocalStore(tmp_path), [5])
+    model, opt = _trained(0)
+    options = StateDictOptions(full_state_dict=True)
 
     state = checkpointer.load("step_00000005")
 
-    ranges = _mapped_ranges(tmp_path / "step_00000005" / "state.pt")
+    assert sorted(state) == ["model", "optimizer", "rng", "step"] and state["step"] == 5
+    expected = get_optimizer_state_dict(model, opt, options=options)
+    assert state["optimizer"]["param_groups"] == expected["param_groups"]
+    assert sorted(state["optimizer"]["state"]) == sorted(expected["state"])
+    for fqn, moments in expected["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(state["optimizer"]["state"][fqn][key], value), (fqn, key)
+    for fqn, value in get_model_state_dict(model, options=options).items():
+        assert torch.equal(state["model"][fqn], value), fqn
+    assert sorted(checkpointer.load("step_00000005", parts=("model",))) == ["model", "step"]
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process that map ``path`` (Linux /proc/self/maps)."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == str(path.resolve()):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            ranges.append((start, end))
+    return ranges
+
+
+def test_an_earlier_trainers_torch_save_checkpoint_resumes_and_loads_mapped(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint of the format before DCP (state.pt) is verified, resumed and loaded (every
+    tensor in a memory map of state.pt, which the ranks of a node share); the next save writes
+    the one format."""
+    model, opt = _trained(0)
+    folder = torch_save_checkpoint.write(tmp_path, 5, model, opt, run={"seed": 0})
+    checkpointer = Checkpointer(LocalStore(tmp_path))
+    assert checkpointer.newest_valid() == "step_00000005"
+    assert checkpointer.format_of("step_00000005") == checkpoint.FORMAT_TORCH_SAVE
+    assert checkpointer.run_of("step_00000005") == {"seed": 0}
+
+    fresh, fresh_opt = _trained(1)
+    assert checkpointer.resume("step_00000005", fresh, fresh_opt) == 5
+    assert _same(fresh, model)
+    assert set(fresh_opt.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+
+    state = checkpointer.load("step_00000005")
+    ranges = _mapped_ranges(folder / "state.pt")
     tensors = [*state["model"].values(), state["rng"]]
     tensors += [t for s in state["optimizer"]["state"].values() for t in s.values()]
     assert ranges
     assert all(any(a <= t.data_ptr() < b for a, b in ranges) for t in tensors if t.numel())
+
+    raw = bytearray((folder / "state.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    (folder / "state.pt").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"step_00000005: state.pt fails .*CRC-32"):
+        checkpointer.verify("step_00000005")
+
+    checkpointer.save(6, fresh, fresh_opt)
+    assert checkpointer.format_of("step_00000006") == checkpoint.FORMAT
+    assert not (tmp_path / "step_00000006" / "state.pt").exists()
+
+
+def test_a_checkpoint_of_a_format_it_does_not_read_is_refused_naming_it(tmp_path: Path) -> None:
+    checkpointer, _ = _save_steps(LocalStore(tmp_path), [1, 2])
+    meta_path = tmp_path / "step_00000002" / checkpoint.META
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(meta | {"format": "trn-train-checkpoint-dcp-v9"}))
+    refused = (
+        r"checkpoint step_00000002: format 'trn-train-checkpoint-dcp-v9' is not one this trainer "
+        r"reads \('trn-train-checkpoint-dcp-v1', or 'trn-train-checkpoint-v1' from earlier "
+        r"trainers\); a newer trainer wrote it"
+    )
+    fresh, fresh_opt = _trained(1)
+    for read in (
+        lambda: checkpointer.verify("step_00000002"),
+        lambda: checkpointer.load("step_00000002", verify=False),
+        lambda: checkpointer.resume("step_00000002", fresh, fresh_opt, verify=False),
+    ):
+        with pytest.raises(CheckpointError, match=refused):
+            read()
+    with pytest.warns(CorruptCheckpointWarning, match=f"skipping {refused}"):
+        assert checkpointer.newest_valid() == "step_00000001"
 
 
 def _big(tmp_path: Path) -> tuple[Checkpointer, nn.Linear, torch.optim.Optimizer]:
@@ -102,10 +189,10 @@ def _big(tmp_path: Path) -> tuple[Checkpointer, nn.Linear, torch.optim.Optimizer
 
 
 def test_checking_and_resuming_stream_the_file(tmp_path: Path) -> None:
-    """The CRC is read a chunk at a time and the state is mapped, so the Python heap never holds
-    the checkpoint (tracemalloc sees bytes objects, not tensors)."""
+    """The CRC is read a chunk at a time and DCP reads into the model's own tensors, so the
+    Python heap never holds the checkpoint (tracemalloc sees bytes objects, not tensors)."""
     checkpointer, model, _ = _big(tmp_path)
-    size = (tmp_path / "step_00000001" / "state.pt").stat().st_size
+    size = sum(p.stat().st_size for p in (tmp_path / "step_00000001").rglob("*") if p.is_file())
     fresh = nn.Linear(2048, 2048, bias=False)
     fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
 
@@ -130,7 +217,7 @@ def test_keeps_the_last_n(tmp_path: Path) -> None:
 
 def test_corrupt_newest_falls_back_to_previous_with_a_warning(tmp_path: Path) -> None:
     checkpointer, _ = _save_steps(LocalStore(tmp_path), [10, 20])
-    state = tmp_path / "step_00000020" / "state.pt"
+    state = tmp_path / "step_00000020" / SHARD
     raw = bytearray(state.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     state.write_bytes(bytes(raw))
@@ -153,7 +240,7 @@ def test_unfinished_checkpoint_is_invisible(tmp_path: Path) -> None:
 
 def test_truncated_checkpoint_raises_naming_it(tmp_path: Path) -> None:
     checkpointer, _ = _save_steps(LocalStore(tmp_path), [3])
-    state = tmp_path / "step_00000003" / "state.pt"
+    state = tmp_path / "step_00000003" / SHARD
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="checkpoint step_00000003"):
         checkpointer.verify("step_00000003")
@@ -239,12 +326,14 @@ def test_s3_store_removes_a_state_whose_upload_was_killed() -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="ckpt")
     checkpointer, _ = _save_steps(S3Store("s3://ckpt/run-1", client=s3), [1])
-    s3.put_object(Bucket="ckpt", Key="run-1/step_00000002/state.pt", Body=b"partial")
+    s3.put_object(Bucket="ckpt", Key=f"run-1/step_00000002/{SHARD}", Body=b"partial")
 
     assert checkpointer.remove_stale() == ["step_00000002"]
 
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert keys == ["run-1/step_00000001/meta.json", "run-1/step_00000001/state.pt"]
+    assert keys == [
+        f"run-1/step_00000001/{file}" for file in ("meta.json", "shards/.metadata", SHARD)
+    ]
 
 
 def _model_files(root: Path) -> tuple[Path, ...]:
@@ -257,8 +346,9 @@ def _model_files(root: Path) -> tuple[Path, ...]:
 
 def _listed(meta: dict[str, Any]) -> list[str]:
     """Every file ``meta`` (a meta.json) vouches for, as paths in the checkpoint."""
-    files = list(meta.get("files", [])) or [checkpoint.STATE]
-    return files + [f"{checkpoint.MODEL_FILES}/{f}" for f in meta.get("model_files", [])]
+    return list(meta["files"]) + [
+        f"{checkpoint.MODEL_FILES}/{f}" for f in meta.get("model_files", [])
+    ]
 
 
 @mock_aws
@@ -278,18 +368,19 @@ def test_s3_uploads_meta_json_after_every_file_it_lists(tmp_path: Path, sharded:
         s3.get_object(Bucket="ckpt", Key="run/step_00000003/meta.json")["Body"].read()
     )
     listed = [f"run/step_00000003/{file}" for file in _listed(meta)]
-    assert len(listed) == (4 if sharded else 3)
+    assert len(listed) == 4
     assert sorted(writes.puts[:-1]) == sorted(listed)
     assert writes.puts[-1] == "run/step_00000003/meta.json"
 
 
 @mock_aws
-@pytest.mark.parametrize("stop_at", [1, 2, 3])
+@pytest.mark.parametrize("stop_at", [1, 2, 3, 5])
 def test_a_save_stopped_between_two_uploads_is_never_resumed_nor_kept(
     tmp_path: Path, stop_at: int
 ) -> None:
-    """Stopped before its state, its second model file or its meta.json reached S3, checkpoint
-    2 is not among the checkpoints, the next start removes what it left and resumes step 1."""
+    """Stopped before its first or second model file, its state's first file or its meta.json
+    reached S3, checkpoint 2 is not among the checkpoints, the next start removes what it left
+    and resumes step 1."""
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="ckpt")
     files = _model_files(tmp_path / "model")
@@ -321,12 +412,13 @@ def test_a_save_again_at_a_step_stopped_midway_leaves_no_meta_json_vouching_for_
     tmp_path: Path,
 ) -> None:
     """A run resumed from step 1 saves step 2 again over an earlier step 2; stopped after the
-    new state.pt is up, the earlier meta.json must not still stand for a mix of the two."""
+    new state's first file is up, the earlier meta.json must not still stand for a mix of the
+    two."""
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="ckpt")
     store = S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "node")
     _save_steps(store, [1, 2])
-    writes = S3Writes(s3, stop_at=2)  # the new state.pt is written, its meta.json is not
+    writes = S3Writes(s3, stop_at=2)  # the new state's first file is written, no more
     other, other_opt = _trained(1)
     with pytest.raises(Stopped):
         Checkpointer(store).save(2, other, other_opt)
@@ -334,7 +426,7 @@ def test_a_save_again_at_a_step_stopped_midway_leaves_no_meta_json_vouching_for_
 
     assert writes.log == [
         ("delete", "run/step_00000002/meta.json"),
-        ("put", "run/step_00000002/state.pt"),
+        ("put", "run/step_00000002/shards/.metadata"),
     ]
     restarted = Checkpointer(S3Store("s3://ckpt/run", client=s3, node_cache=tmp_path / "n2"))
     assert restarted.store.names() == ["step_00000001"]
@@ -425,7 +517,7 @@ s3 = boto3.client(
 state_gets = []
 s3.meta.events.register(
     "before-parameter-build.s3.GetObject",
-    lambda params, **_: state_gets.append(1) if params["Key"].endswith("/state.pt") else None,
+    lambda params, **_: state_gets.append(1) if params["Key"].endswith(".distcp") else None,
 )
 store = checkpoint.S3Store("s3://ckpt/run", client=s3, node_cache=node_cache)
 torch.manual_seed(100 + ranks.rank)
@@ -446,7 +538,7 @@ parallel.shutdown()
 def test_resuming_from_s3_downloads_the_state_once_per_node(
     tmp_path: Path, trainer_env: dict[str, str]
 ) -> None:
-    """Two nodes of two ranks (gloo) resume from a moto S3 server: each node downloads state.pt
+    """Two nodes of two ranks (gloo) resume from a moto S3 server: each node downloads the state
     once (the main rank's CRC check included), its ranks share that copy, every rank restores
     the same weights, and the node copies are gone afterwards."""
     pytest.importorskip("flask", reason="moto's ThreadedMotoServer needs moto[server]")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trainer import data, metrics
+from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.config import PRESETS, TrainConfig
 from trainer.loop import train
 from trainer.model import GPT
@@ -105,7 +106,7 @@ def test_a_step_with_every_target_masked_trains_without_nan(
     assert result.last_loss == 0.0
     # A masked stream is conversations prepared before they were kept whole: the run says so.
     assert "is a masked token stream" in capsys.readouterr().err
-    state = torch.load(tmp_path / "ck" / "step_00000002" / "state.pt", weights_only=True)
+    state = Checkpointer(LocalStore(tmp_path / "ck")).load("step_00000002")
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 

@@ -17,7 +17,7 @@ import two_ranks as two_ranks_launch
 from two_ranks import TwoRanks
 
 from trainer import cli, data, evaluation, metrics, report, tokenizing
-from trainer.checkpoint import CheckpointError
+from trainer.checkpoint import Checkpointer, CheckpointError, LocalStore
 from trainer.config import PRESETS, TrainConfig
 from trainer.loop import train
 from trainer.model import GPT
@@ -49,7 +49,7 @@ def _config(data_dir: Path, tmp_path: Path, **overrides: object) -> TrainConfig:
 
 
 def _model_at(checkpoint_dir: Path, step: int) -> GPT:
-    state = torch.load(checkpoint_dir / f"step_{step:08d}" / "state.pt", weights_only=True)
+    state = Checkpointer(LocalStore(checkpoint_dir)).load(f"step_{step:08d}")
     model = GPT(PRESETS["tiny"].model)
     model.load_state_dict(state["model"])
     return model
@@ -105,11 +105,11 @@ def test_eval_loss_at_its_steps_equals_an_independent_computation(
 def test_resume_is_exact_with_masks_and_eval(chat_data: Path, tmp_path: Path) -> None:
     cfg = _config(chat_data, tmp_path)
     train(cfg)
-    straight = torch.load(tmp_path / "ck" / "step_00000004" / "state.pt", weights_only=True)
+    straight = Checkpointer(LocalStore(tmp_path / "ck")).load("step_00000004")
     straight_eval = metrics.read(tmp_path / "m.jsonl", metrics.EVAL)[-1]
     shutil.rmtree(tmp_path / "ck" / "step_00000004")
     train(_config(chat_data, tmp_path, metrics=str(tmp_path / "resumed.jsonl")))
-    resumed = torch.load(tmp_path / "ck" / "step_00000004" / "state.pt", weights_only=True)
+    resumed = Checkpointer(LocalStore(tmp_path / "ck")).load("step_00000004")
     for name, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][name]), name
     resumed_evals = metrics.read(tmp_path / "resumed.jsonl", metrics.EVAL)

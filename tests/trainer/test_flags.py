@@ -129,6 +129,10 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield client
 
 
+# A one-process run's checkpoint: meta.json and torch.distributed.checkpoint's files.
+CHECKPOINT_FILES = ("meta.json", "shards/.metadata", "shards/__0_0.distcp")
+
+
 def test_an_s3_checkpoint_dir_saves_prunes_and_resumes(
     corpus_dir: Path, tmp_path: Path, s3: Any
 ) -> None:
@@ -136,11 +140,9 @@ def test_an_s3_checkpoint_dir_saves_prunes_and_resumes(
     flags += ("--checkpoint-every", "2", "--keep-checkpoints", "2")
     first = run(corpus_dir, tmp_path / "a", *flags)
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert keys == [
-        f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in ("meta.json", "state.pt")
-    ]
+    assert keys == [f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in CHECKPOINT_FILES]
     # A run stopped before its last save (a preemption): only step 4 is left to resume from.
-    for name in ("meta.json", "state.pt"):
+    for name in CHECKPOINT_FILES:
         s3.delete_object(Bucket="ckpt", Key=f"runs/r1/step_00000006/{name}")
 
     resumed = run(corpus_dir, tmp_path / "b", *flags)
@@ -148,6 +150,4 @@ def test_an_s3_checkpoint_dir_saves_prunes_and_resumes(
     assert [r["step"] for r in first] == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in resumed] == [5, 6]  # from the S3 checkpoint, not from step 0
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="ckpt")["Contents"])
-    assert keys == [
-        f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in ("meta.json", "state.pt")
-    ]
+    assert keys == [f"runs/r1/step_0000000{n}/{f}" for n in (4, 6) for f in CHECKPOINT_FILES]

@@ -12,6 +12,7 @@ import boto3
 import hf_tiny
 import pytest
 import torch
+import torch_save_checkpoint
 from moto import mock_aws
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -235,3 +236,24 @@ def test_export_from_s3_reads_the_carried_files(
         source / "tokenizer.json"
     ).read_bytes()
     assert not list((tmp_path / "tmp").glob("trn-checkpoints-*"))  # the node copies are gone
+
+
+def test_an_earlier_trainers_checkpoint_exports(tmp_path: Path) -> None:
+    """A checkpoint of the format before DCP (one ``state.pt``) exports as it did."""
+    from trainer import hf_export
+
+    source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
+    cfg = hf.model_config(source, seq_len=SEQ)
+    torch.manual_seed(0)
+    model = hf.load_pretrained(source, cfg)
+    for p in model.parameters():  # weights the source does not have
+        p.data.add_(torch.randn_like(p), alpha=0.01)
+    optimizer = torch.optim.AdamW(model.parameters())
+    carried = hf.carried_files(source)
+    torch_save_checkpoint.write(tmp_path / "ck", 3, model, optimizer, model_files=carried)
+
+    hf_export.export_checkpoint(str(tmp_path / "ck"), tmp_path / "out")
+
+    exported = hf.load_pretrained(tmp_path / "out", cfg).state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(exported[name], value), name

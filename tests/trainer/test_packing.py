@@ -14,6 +14,7 @@ import torch
 
 from tests.tolerance import assert_fp32_close
 from trainer import data, metrics, packing
+from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.config import ModelConfig, TrainConfig
 from trainer.loop import train
 from trainer.model import GPT
@@ -223,7 +224,7 @@ def test_a_resume_mid_epoch_trains_the_batches_of_the_uninterrupted_run(tmp_path
     sampler = packing.PackedSampler(data.open_dataset(root), seq_len=32, micro_batch=2, seed=5)
     per_epoch = sampler.steps_in(0)
     assert result.steps_done == sampler.steps_for(2) == per_epoch + sampler.steps_in(1)
-    straight = torch.load(tmp_path / "ck" / str(result.checkpoint) / "state.pt")
+    straight = Checkpointer(LocalStore(tmp_path / "ck")).load(str(result.checkpoint))
     # Keep the checkpoints up to one step into the second epoch, then run again.
     resume_at = per_epoch + 1
     assert sampler.locate(resume_at) == (1, 1)
@@ -232,7 +233,7 @@ def test_a_resume_mid_epoch_trains_the_batches_of_the_uninterrupted_run(tmp_path
             shutil.rmtree(path)
     again = train(_config(root, tmp_path, epochs=2, **checkpoints))
     assert again.checkpoint == result.checkpoint
-    resumed = torch.load(tmp_path / "ck" / str(again.checkpoint) / "state.pt")
+    resumed = Checkpointer(LocalStore(tmp_path / "ck")).load(str(again.checkpoint))
     for name, value in straight["model"].items():
         assert torch.equal(value, resumed["model"][name]), name
     first, second = metrics.headers(tmp_path / "m.jsonl")

@@ -51,7 +51,7 @@ def test_sharded_checkpoints_are_checksummed_pruned_and_skipped_when_corrupt(
     assert checkpointer.store.names() == ["step_00000003", "step_00000004"]
     newest = tmp_path / "step_00000004"
     meta = json.loads((newest / checkpoint.META).read_text())
-    assert meta["format"] == checkpoint.FORMAT_SHARDED and meta["run"] == {"seed": 0}
+    assert meta["format"] == checkpoint.FORMAT and meta["run"] == {"seed": 0}
     assert sorted(meta["files"]) == ["shards/.metadata", "shards/__0_0.distcp"]
     shard = newest / "shards" / "__0_0.distcp"
     assert meta["files"]["shards/__0_0.distcp"]["bytes"] == shard.stat().st_size

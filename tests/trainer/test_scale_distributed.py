@@ -106,7 +106,7 @@ def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
         args = [*_run(source, model_data, ck), *on, "--parallel", "fsdp", *extra]
         return [*args, "--metrics", str(tmp_path / f"{name}.jsonl")]
 
-    # One rank: the reference runs, checkpointing at step 2 (state.pt) for the 2-rank resume.
+    # One rank: the reference runs, checkpointing at step 2 (gathered) for the 2-rank resume.
     assert cli.main(one("ref", "--checkpoint-every", "2")) == 0
     assert cli.main(one("lora-one", *LORA)) == 0
     (tmp_path / "grow").mkdir()
@@ -139,16 +139,15 @@ def test_two_fsdp_ranks_load_shard_checkpoint_and_resume_across_world_sizes(
         calls = json.loads((tmp_path / f"calls-0-rank-{rank}.json").read_text())
         assert calls == 2 * 2 * STEPS  # two blocks
 
-    # Each rank wrote its own shard; nothing was gathered into a state.pt.
+    # Each rank wrote its own shard; nothing was gathered.
     fresh = tmp_path / "fresh" / checkpoint.name_for(STEPS)
     meta = json.loads((fresh / checkpoint.META).read_text())
-    assert meta["format"] == checkpoint.FORMAT_SHARDED and meta["world_size"] == 2
+    assert meta["format"] == checkpoint.FORMAT and meta["world_size"] == 2
     assert sorted(meta["files"]) == [
         "shards/.metadata",
         "shards/__0_0.distcp",
         "shards/__1_0.distcp",
     ]
-    assert not (fresh / checkpoint.STATE).exists()
     _close(_state(tmp_path / "ref", 2), _state(tmp_path / "fresh", 2))
 
     # One rank's checkpoint resumed on two ranks: the steps after it, and the state at the end.

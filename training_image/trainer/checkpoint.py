@@ -1,19 +1,34 @@
 """Atomic, checksummed checkpoints on a local or shared file system (FSx) or under an S3 URI.
 
-A checkpoint is a directory ``step_00000123/`` holding ``state.pt`` (model, optimizer, RNG and
-step) and ``meta.json`` (step, size, CRC-32 of ``state.pt``). It is staged under a temporary name
-and renamed into place (on S3, ``meta.json`` is uploaded after every file it lists, and the one
-of an earlier save at the same step is deleted before the first), so a checkpoint is either
-complete or absent; ``meta.json`` is the mark of completion. What a save killed midway leaves
-behind is removed by :meth:`Store.remove_stale` when the writing rank starts. Checking a
-checkpoint streams its CRC, and falls back to the next older checkpoint, with a
+A checkpoint is a directory ``step_00000123/`` in one format (:data:`FORMAT`), whatever the run:
+the training state (model, optimizer, RNG) as a ``torch.distributed.checkpoint`` (DCP)
+checkpoint under ``shards/`` (``__<rank>_0.distcp`` from each rank that wrote, ``.metadata``
+from rank 0), and ``meta.json``: the format, the step, the number of ranks that wrote and every
+file with its size and CRC-32. When the state is sharded (FSDP2 on more than one rank) no rank
+gathers it: every rank writes its own shards and checksums them. Otherwise the state is gathered
+and the main rank alone writes it, in one process (DCP without a process group), as one shard.
+
+A checkpoint is staged under a temporary name and renamed into place (on S3, ``meta.json`` is
+uploaded after every file it lists, and the one of an earlier save at the same step is deleted
+before the first), so a checkpoint is either complete or absent; ``meta.json`` is the mark of
+completion. On a file system the ranks write into one staging directory that rank 0 renames into
+place once every rank has written; on S3 each rank uploads its own files and rank 0 uploads
+``meta.json`` last, once every rank has. What a save killed midway leaves behind is removed by
+:meth:`Store.remove_stale` when the writing rank starts. Checking a checkpoint streams each
+file's CRC, and falls back to the next older checkpoint, with a
 :class:`CorruptCheckpointWarning`, when it fails.
 
-Loading memory-maps ``state.pt`` (``torch.load(mmap=True)``) rather than reading it into each
-process: the ranks of a node then share one copy of its pages in the page cache, and a rank's
-own memory holds only what it copies into its model and optimizer. From S3 a node downloads
-each file once, into node-local disk that its ranks share (the first rank to take the lock
-downloads, the others wait for it and read the same file), not once per rank.
+Resuming reads the shards with DCP into the model's and optimizer's own tensors, each rank
+reading what its part of the state needs and one tensor at a time, so that no copy of the whole
+state is held beside the model; DCP reshards for the world size at hand: a checkpoint of two
+ranks resumes on one and the other way round. From S3 a node downloads each file once, into
+node-local disk that its ranks share (the first rank to take the lock downloads, the others wait
+for it and read the same files), not once per rank. :meth:`Checkpointer.load` reads a whole
+checkpoint into one process (an export, an evaluation) from the checkpoint alone: the state's
+shape comes from DCP's metadata. The data position needs nothing per rank: the run's
+configuration pins the global batch, and the sampler draws each step's global batch from
+``(seed, step)`` alone (see :class:`trainer.data.WindowSampler`), so two ranks of two sequences
+and one rank of four (or accumulating two micro-steps of two) train on the same windows.
 
 ``meta.json`` also records the run's configuration (:func:`run_config`: preset, seed, global
 batch, learning-rate schedule, data manifest); :func:`resume_newest` refuses to resume a run
@@ -23,24 +38,19 @@ A checkpoint of a run that started from a Hugging Face model directory also carr
 directory's ``config.json`` and tokenizer files under ``model/`` (``meta.json`` lists them), so
 that exporting it needs nothing but the checkpoint.
 
-Sharded checkpoints. When the state is sharded (FSDP2 on more than one rank) no rank gathers it:
-every rank writes its own shards with ``torch.distributed.checkpoint`` (DCP) under ``shards/``
-(``__<rank>_0.distcp``, and ``.metadata`` from rank 0), and ``meta.json`` (format
-:data:`FORMAT_SHARDED`) lists every file with its size and CRC-32, which each rank computes
-over the files it wrote. The guarantees stay those of ``state.pt``: on a file system the ranks
-write into one staging directory that rank 0 renames into place once every rank has written;
-on S3 each rank uploads its own files and rank 0 uploads ``meta.json`` last, once every rank
-has. Resuming reads the shards through DCP, which reshards them for the world size at hand: a
-checkpoint of two ranks resumes on one and the other way round, and a ``state.pt`` checkpoint
-resumes on any number of FSDP2 ranks. The data position needs nothing per rank: the run's
-configuration pins the global batch, and the sampler draws each step's global batch from
-``(seed, step)`` alone (see :class:`trainer.data.WindowSampler`), so two ranks of two sequences
-and one rank of four (or accumulating two micro-steps of two) train on the same windows.
-
 LoRA runs. The model state of a checkpoint holds the trained parameters only (the adapters),
 and the optimizer state only has theirs: the frozen base weights come from the ``--model``
 directory again on resume, and :func:`check_resume` refuses a base whose fingerprint
 (:func:`trainer.hf.fingerprint`) differs from the one ``meta.json`` recorded.
+
+Earlier checkpoints. Trainers before the one format wrote unsharded runs' checkpoints as one
+``torch.save`` file, ``state.pt`` (:data:`FORMAT_TORCH_SAVE`); those are still verified, resumed
+(memory-mapped) and exported, never written. A format this trainer does not know (a newer
+trainer's) is refused with a message naming it.
+
+Reading a checkpoint unpickles DCP's ``.metadata`` and the state's non-tensor values (an earlier
+``state.pt`` is read with ``weights_only``), as DCP does: checkpoints must come from a directory
+or bucket that only the runs write.
 """
 
 from __future__ import annotations
@@ -48,15 +58,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
-import mmap
 import os
 import shutil
 import tempfile
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +82,15 @@ if TYPE_CHECKING:
 
     from trainer.config import TrainConfig
 
-STATE, META = "state.pt", "meta.json"
+META = "meta.json"
 MODEL_FILES = "model"  # the folder, in a checkpoint, of the model directory's carried files
-SHARDS = "shards"  # the folder, in a sharded checkpoint, of torch.distributed.checkpoint's files
-FORMAT = "trn-train-checkpoint-v1"
-FORMAT_SHARDED = "trn-train-checkpoint-dcp-v1"
+SHARDS = "shards"  # the folder, in a checkpoint, of torch.distributed.checkpoint's files
+# The one format this trainer writes. Its name is the one sharded checkpoints have had since
+# they were introduced, so that those load as they are.
+FORMAT = "trn-train-checkpoint-dcp-v1"
+# Unsharded runs' checkpoints before the one format: the state in one torch.save file, STATE.
+FORMAT_TORCH_SAVE = "trn-train-checkpoint-v1"
+STATE = "state.pt"
 # torch.distributed.checkpoint's FileSystemWriter names rank r's data files __<r>_<i>.distcp and
 # the coordinator's metadata .metadata (torch 2.13, torch/distributed/checkpoint/filesystem.py).
 DCP_METADATA = ".metadata"
@@ -417,21 +430,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_state(state: dict[str, Any], path: Path) -> tuple[int, int]:
-    """Writes ``state`` durably and returns (size, CRC-32). torch.save goes straight to the file
-    (its fast path); the CRC is then read back from the page cache while fsync runs in a second
-    thread, so the checksum adds little to the time the bytes take to reach the disk."""
-    with path.open("w+b") as f:
-        torch.save(state, f)
-        f.flush()
-        with ThreadPoolExecutor(1) as pool:
-            synced = pool.submit(os.fsync, f.fileno())
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                crc = zlib.crc32(view)
-            synced.result()
-        return f.tell(), crc
-
-
 # torch.distributed.checkpoint's state-dict functions are imported where a checkpoint is saved or
 # restored: importing them costs a second or more, which a run without checkpoints (and every
 # other command of the CLI) need not pay.
@@ -514,6 +512,61 @@ def _own_files(folder: Path, rank: int, main: bool) -> dict[str, dict[str, objec
     return {f"{SHARDS}/{name}": _file_record(folder / name) for name in names}
 
 
+def _read_whole(folder: Path, parts: tuple[str, ...] | None) -> dict[str, Any]:
+    """Every value of the DCP checkpoint in ``folder`` whose top-level key is in ``parts``
+    (default all), read in this process alone into tensors shaped from the checkpoint's own
+    metadata, as nested as the state that was saved.
+
+    DCP's public ``load`` fills a state whose tensors are allocated up front, which a reader of
+    the checkpoint alone (an export) does not have: the metadata gives each saved value's
+    flattened key, shape and dtype, and the default save planner records in its
+    ``planner_data`` each flattened key's path in the nested state (torch 2.13,
+    ``DefaultSavePlanner.create_global_plan``), so the values are loaded under their
+    flattened keys and put back in place."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    metadata = FileSystemReader(folder).read_metadata()
+    paths: dict[str, tuple[str | int, ...]] = metadata.planner_data
+    flat: dict[str, Any] = {
+        key: torch.empty(stored.size, dtype=stored.properties.dtype)
+        if isinstance(stored, TensorStorageMetadata)
+        else None  # replaced by the loaded value
+        for key, stored in metadata.state_dict_metadata.items()
+        if parts is None or paths[key][0] in parts
+    }
+    # ``flat`` is flat already; without ``flatten_sharded_tensors`` (a copy of the state that the
+    # planner would load the non-tensor values into: the optimizer's hyperparameters, lost) the
+    # planner loads into ``flat`` itself (torch 2.13 DefaultLoadPlanner.set_up_planner).
+    planner = DefaultLoadPlanner(flatten_state_dict=False, flatten_sharded_tensors=False)
+    with _one_process_quietly(True):
+        load(flat, storage_reader=FileSystemReader(folder), planner=planner, no_dist=True)
+    state: dict[str, Any] = {}
+    for key, value in flat.items():
+        _put(state, paths[key], value)
+    return state
+
+
+def _put(state: dict[str, Any], path: tuple[str | int, ...], value: object) -> None:
+    """Sets ``value`` at ``path`` in ``state``, making the dicts (a string key) and lists (an
+    integer index: the optimizer's parameter groups) along the way."""
+    node: Any = state
+    for key, below in itertools.pairwise(path):
+        if isinstance(key, int):
+            node.extend([None] * (key + 1 - len(node)))
+            if node[key] is None:
+                node[key] = [] if isinstance(below, int) else {}
+            node = node[key]
+        else:
+            node = node.setdefault(key, [] if isinstance(below, int) else {})
+    last = path[-1]
+    if isinstance(last, int):
+        node.extend([None] * (last + 1 - len(node)))
+    node[last] = value
+
+
 @dataclass(frozen=True)
 class Checkpointer:
     """Saves and restores training state through a :class:`Store`.
@@ -545,49 +598,38 @@ class Checkpointer:
         group: dist.ProcessGroup | None = None,
     ) -> str:
         """Writes checkpoint ``step`` and returns its name; ``run`` (see :func:`run_config`)
-        goes into ``meta.json``. Full (default): gathered, written by the main rank (the others
-        only take part in gathering). ``sharded``: every rank of ``ranks`` (default: one)
+        goes into ``meta.json``. Full (default): gathered, written by the main rank alone (the
+        others only take part in gathering). ``sharded``: every rank of ``ranks`` (default: one)
         writes its own shards (see the module's documentation); ``group`` is the control group
         the ranks agree on (the staging directory, the files' checksums, the end of writing)."""
-        if sharded:
-            return self._save_sharded(step, model, optimizer, main, run, ranks, group)
+        options = _options(model, full=not sharded)
         state = {
-            "format": FORMAT,
-            "step": step,
-            "model": _model_state(model, _options(model, full=True)),
-            "optimizer": _optimizer_state(model, optimizer, _options(model, full=True)),
+            "model": _model_state(model, options),
+            "optimizer": _optimizer_state(model, optimizer, options),
             "rng": torch.get_rng_state(),
         }
         name = name_for(step)
-        if not main:
-            return name
-        self.store.retract(name)
-        staged = self.store.staging()
-        size, crc = _write_state(state, staged / STATE)
-        meta: dict[str, object] = {
-            "format": FORMAT,
-            "step": step,
-            "bytes": size,
-            "crc32": f"{crc:08x}",
-        }
-        self._publish(staged, name, meta, run)
+        if sharded:
+            self._write(name, step, state, main, run, ranks or parallel.Ranks(), group)
+        elif main:
+            self._write(name, step, state, True, run, parallel.Ranks(), None)
         return name
 
-    def _save_sharded(
+    def _write(
         self,
+        name: str,
         step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
         main: bool,
         run: Mapping[str, object] | None,
-        ranks: parallel.Ranks | None,
+        ranks: parallel.Ranks,
         group: dist.ProcessGroup | None,
-    ) -> str:
+    ) -> None:
+        """Every rank of ``ranks`` writes its part of ``state`` with DCP (one rank: in this
+        process alone) and checksums it; the main rank publishes them with ``meta.json``."""
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import save
 
-        ranks = ranks or parallel.Ranks()
-        name = name_for(step)
         if main:
             # Before the gather below, after which the other ranks upload their files.
             self.store.retract(name)
@@ -595,12 +637,6 @@ class Checkpointer:
         if self.store.shared_staging:
             staged = Path(str(parallel.broadcast_object(str(staged), ranks, group)))
         assert staged is not None
-        options = _options(model, full=False)
-        state = {
-            "model": _model_state(model, options),
-            "optimizer": _optimizer_state(model, optimizer, options),
-            "rng": torch.get_rng_state(),
-        }
         with _one_process_quietly(not ranks.distributed):
             save(
                 state,
@@ -613,16 +649,15 @@ class Checkpointer:
             self.store.publish_part(staged, name)
         parallel.any_rank(False, ranks, group)  # every rank's files are in place
         if not main:
-            return name
+            return
         listed = {file: record for part in every for file, record in part.items()}  # type: ignore[attr-defined]
         meta: dict[str, object] = {
-            "format": FORMAT_SHARDED,
+            "format": FORMAT,
             "step": step,
             "world_size": ranks.world_size,
             "files": dict(sorted(listed.items())),
         }
         self._publish(staged, name, meta, run)
-        return name
 
     def _publish(
         self, staged: Path, name: str, meta: dict[str, object], run: Mapping[str, object] | None
@@ -698,31 +733,41 @@ class Checkpointer:
         lasts (see :meth:`model_files_of`)."""
         return self.store.local_file(name, f"{MODEL_FILES}/{file}")
 
-    def is_sharded(self, name: str) -> bool:
-        """Whether checkpoint ``name`` is a sharded (DCP) one.
+    def format_of(self, name: str) -> str:
+        """The format of checkpoint ``name``: :data:`FORMAT`, or :data:`FORMAT_TORCH_SAVE` (an
+        earlier trainer's).
 
         Raises:
-            CheckpointError: ``meta.json`` is unreadable.
+            CheckpointError: ``meta.json`` is unreadable, or names another format (a newer
+                trainer's); the message names the format and those this trainer reads.
         """
-        return self.meta_of(name).get("format") == FORMAT_SHARDED
+        found = self.meta_of(name).get("format")
+        if found not in (FORMAT, FORMAT_TORCH_SAVE):
+            raise CheckpointError(
+                f"checkpoint {name}: format {found!r} is not one this trainer reads ({FORMAT!r}, "
+                f"or {FORMAT_TORCH_SAVE!r} from earlier trainers); a newer trainer wrote it: "
+                "resume or export it with that trainer's image"
+            )
+        return str(found)
 
     def verify(self, name: str) -> None:
-        """Checks the format, size and CRC-32 of checkpoint ``name`` (every shard file of a
-        sharded one), reading each file a chunk at a time.
+        """Checks the format, size and CRC-32 of every file of checkpoint ``name``, reading each
+        a chunk at a time.
 
         Raises:
-            CheckpointError: unreadable, truncated or failing its CRC; the message names it.
+            CheckpointError: unreadable, of a format this trainer does not read (named),
+                truncated or failing its CRC; the message names it.
         """
-        if self.is_sharded(name):
-            with self._shards(name) as folder:
-                self._check_shards(name, folder, crc=True)
+        if self.format_of(name) == FORMAT_TORCH_SAVE:
+            with self.store.local_file(name, STATE) as path:
+                self._check_torch_save(name, path, crc=True)
             return
-        with self.store.local_file(name, STATE) as path:
-            self._check(name, path, crc=True)
+        with self._shards(name) as folder:
+            self._check_shards(name, folder, crc=True)
 
     @contextlib.contextmanager
     def _shards(self, name: str) -> Iterator[Path]:
-        """A local folder of the shard files of sharded checkpoint ``name``."""
+        """A local folder of the DCP files of checkpoint ``name``."""
         try:
             files = list(self.meta_of(name)["files"])
         except (KeyError, TypeError) as e:
@@ -744,14 +789,10 @@ class Checkpointer:
             if size != record["bytes"] or (crc and f"{_crc32(path):08x}" != record["crc32"]):
                 raise CheckpointError(f"checkpoint {name}: {file} fails its size or CRC-32 check")
 
-    def _check(self, name: str, path: Path, *, crc: bool) -> None:
+    def _check_torch_save(self, name: str, path: Path, *, crc: bool) -> None:
         try:
             meta = self.meta_of(name)
             size = path.stat().st_size
-            if meta.get("format") != FORMAT:
-                raise CheckpointError(
-                    f"checkpoint {name}: format {meta.get('format')!r}, expected {FORMAT!r}"
-                )
             if size != meta["bytes"] or (crc and f"{_crc32(path):08x}" != meta["crc32"]):
                 raise CheckpointError(f"checkpoint {name}: {STATE} fails its size or CRC-32 check")
         except (OSError, ValueError, KeyError) as e:
@@ -760,53 +801,39 @@ class Checkpointer:
     def load(
         self, name: str, *, verify: bool = True, parts: tuple[str, ...] | None = None
     ) -> dict[str, Any]:
-        """The state of checkpoint ``name`` on CPU, after :meth:`verify` (``verify=False``: the
-        format and sizes only, for a checkpoint another rank has verified): ``step``,
-        ``model``, ``optimizer`` and ``rng``. A full checkpoint's tensors are memory-mapped from
-        ``state.pt``; a sharded one's are read whole, ``parts`` (default all) naming the ones
-        to read (``("model",)`` for an export).
+        """The state of checkpoint ``name`` in this process alone, on CPU, after :meth:`verify`
+        (``verify=False``: the format and sizes only, for a checkpoint another rank has
+        verified): ``step``, ``model``, ``optimizer`` and ``rng``, whatever the number of ranks
+        that wrote it, shaped from the checkpoint alone (an export, an evaluation). ``parts``
+        (default all) names the ones to read (``("model",)`` for an export). An earlier
+        trainer's :data:`FORMAT_TORCH_SAVE` checkpoint is memory-mapped whole.
 
         Raises:
-            CheckpointError: unreadable, truncated or failing its CRC; the message names it.
+            CheckpointError: unreadable, of a format this trainer does not read (named),
+                truncated or failing its CRC; the message names it.
         """
-        if self.is_sharded(name):
-            return self._load_sharded(name, verify=verify, parts=parts)
+        if self.format_of(name) == FORMAT_TORCH_SAVE:
+            return self._load_torch_save(name, verify=verify)
+        with self._shards(name) as folder:
+            self._check_shards(name, folder, crc=verify)
+            try:
+                state = _read_whole(folder, parts)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
+        state["step"] = self.meta_of(name)["step"]
+        return state
+
+    def _load_torch_save(self, name: str, *, verify: bool) -> dict[str, Any]:
+        """An earlier trainer's ``state.pt``, mapped (``torch.load(mmap=True)``): the ranks of a
+        node share the page cache's one copy."""
         with self.store.local_file(name, STATE) as path:
-            self._check(name, path, crc=verify)
+            self._check_torch_save(name, path, crc=verify)
             try:
                 state: dict[str, Any] = torch.load(
                     path, map_location="cpu", mmap=True, weights_only=True
                 )
             except (OSError, RuntimeError, ValueError) as e:
                 raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
-        return state
-
-    def _load_sharded(
-        self, name: str, *, verify: bool, parts: tuple[str, ...] | None
-    ) -> dict[str, Any]:
-        """Every tensor of the shards of ``name`` in this process alone: DCP's loader with the
-        planner that rebuilds the state from the checkpoint's metadata, as torch 2.13's own
-        ``format_utils.dcp_to_torch_save`` calls them (the public ``load`` needs the state's
-        shape up front, which an export does not have)."""
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.filesystem import FileSystemReader
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-        state: dict[str, Any] = {}
-        with self._shards(name) as folder:
-            self._check_shards(name, folder, crc=verify)
-            try:
-                _load_state_dict(
-                    state,
-                    storage_reader=FileSystemReader(folder),
-                    planner=_EmptyStateDictLoadPlanner(  # type: ignore[no-untyped-call]
-                        keys=set(parts) if parts else None
-                    ),
-                    no_dist=True,
-                )
-            except (OSError, RuntimeError, ValueError) as e:
-                raise CheckpointError(f"checkpoint {name}: unreadable ({e})") from e
-        state["step"] = self.meta_of(name)["step"]
         return state
 
     def newest_valid(self) -> str | None:
@@ -825,33 +852,33 @@ class Checkpointer:
         self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, verify: bool = True
     ) -> int:
         """Loads checkpoint ``name`` into ``model`` and ``optimizer``, whatever the world size
-        that wrote it, and returns the step to train next. A full checkpoint is mapped (see
-        :meth:`load`); a sharded one is read by DCP, each rank reading what its own shards
-        need. The loaded state is dropped on return.
+        that wrote it, and returns the step to train next. DCP reads into the model's and
+        optimizer's own tensors, each rank what its part of the state needs: together with the
+        other ranks where the state is sharded (DTensor), in each process alone otherwise. An
+        earlier trainer's :data:`FORMAT_TORCH_SAVE` checkpoint is mapped (see :meth:`load`).
 
         Raises:
-            CheckpointError: unreadable, or lacking a parameter this model trains.
+            CheckpointError: unreadable, of a format this trainer does not read (named), or
+                lacking a parameter this model trains.
         """
-        if self.is_sharded(name):
-            return self._resume_sharded(name, model, optimizer, verify=verify)
-        return self.restore(self.load(name, verify=verify), model, optimizer, name=name)
-
-    def _resume_sharded(
-        self, name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, verify: bool
-    ) -> int:
+        if self.format_of(name) == FORMAT_TORCH_SAVE:
+            state = self._load_torch_save(name, verify=verify)
+            return self.restore(state, model, optimizer, name=name)
         from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.state_dict_loader import load
+        from torch.distributed.tensor import DTensor
 
         options = _options(model, full=False)
-        state: dict[str, Any] = {
+        state = {
             "model": _model_state(model, options),
             "optimizer": _optimizer_state(model, optimizer, options),
             "rng": torch.get_rng_state(),
         }
+        sharded = any(isinstance(t, DTensor) for t in state["model"].values())
+        alone = not (sharded and torch.distributed.is_initialized())
         with self._shards(name) as folder:
             self._check_shards(name, folder, crc=verify)
             try:
-                alone = not torch.distributed.is_initialized()
                 with _one_process_quietly(alone):
                     load(state, storage_reader=FileSystemReader(folder), no_dist=alone)
             except (OSError, RuntimeError, ValueError) as e:
