@@ -25,6 +25,7 @@ SECTIONS = {
     "fine_tuning": "`trn-train run --model` against transformers (bench/hf_bench.py)",
     "packing": "packed rows of whole conversations against the token stream "
     "(bench/packing_bench.py)",
+    "checkpoint": "checkpoint save, resume and load times, no goal (bench/checkpoint_bench.py)",
 }
 # Fields of a section that are not figures.
 NOT_FIGURES = {"goals", "meets_goals", "details", "command", "environment", "environments"}

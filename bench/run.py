@@ -1,11 +1,12 @@
 """`make bench`: every benchmark of the project, each against its baseline in the same run.
 
 Writes bench/results.json afresh: a ``run`` section (the command, when, the machine, its load
-before and after, the exit status), then the synth, trainer, fine_tuning and packing sections of
-the scripts; then renders it as docs/performance-measured.md (bench/page.py). Stops at the first
-benchmark that exits non-zero (trainer_bench.py when its nanoGPT figure misses the goal,
-hf_bench.py when either of its figures with a goal does, packing_bench.py when packed rows fall
-below 0.9 of the stream's tokens/s); the page then shows what ran, and `make bench` fails.
+before and after, the exit status), then the synth, trainer, fine_tuning, packing and checkpoint
+sections of the scripts; then renders it as docs/performance-measured.md (bench/page.py). Stops
+at the first benchmark that exits non-zero (trainer_bench.py when its nanoGPT figure misses the
+goal, hf_bench.py when either of its figures with a goal does, packing_bench.py when packed rows
+fall below 0.9 of the stream's tokens/s; checkpoint_bench.py has no goal); the page then shows
+what ran, and `make bench` fails.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
-SCRIPTS = ("synth_bench.py", "trainer_bench.py", "hf_bench.py", "packing_bench.py")
+SCRIPTS = (
+    "synth_bench.py",
+    "trainer_bench.py",
+    "hf_bench.py",
+    "packing_bench.py",
+    "checkpoint_bench.py",
+)
 
 
 def _now() -> str:
