@@ -210,6 +210,39 @@ def test_checking_and_resuming_stream_the_file(tmp_path: Path) -> None:
     assert peak < size // 2, f"peak {peak} bytes for a {size}-byte checkpoint"
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_every_file_is_synced_before_the_checkpoint_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sharded: bool
+) -> None:
+    """DCP writes without syncing; each file meta.json lists, and their folder, reach the disk
+    before the staging directory is renamed into place."""
+    events: list[str] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(f"sync {os.readlink(f'/proc/self/fd/{fd}')}")
+        real_fsync(fd)
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        events.append(f"rename {src}")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "rename", rename)
+    model, opt = _trained(0)
+    Checkpointer(LocalStore(tmp_path)).save(1, model, opt, sharded=sharded)
+
+    published = next(
+        i
+        for i, e in enumerate(events)
+        if e.startswith("rename ") and ".staging-" in e.rsplit("/", 1)[-1]
+    )
+    staged = events[published].removeprefix("rename ")
+    meta = json.loads((tmp_path / "step_00000001" / checkpoint.META).read_text())
+    for file in [*meta["files"], checkpoint.SHARDS, checkpoint.META]:
+        assert f"sync {staged}/{file}" in events[:published], file
+
+
 def test_keeps_the_last_n(tmp_path: Path) -> None:
     checkpointer, _ = _save_steps(LocalStore(tmp_path), [1, 2, 3, 4], keep=2)
     assert checkpointer.store.names() == ["step_00000003", "step_00000004"]
