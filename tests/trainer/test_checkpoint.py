@@ -1,3 +1,4 @@
+import ast
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from moto import mock_aws
 from torch import nn
 
 from tests import warm
+from tests.conftest import ROOT
 from tests.s3_writes import S3Writes, Stopped
 from trainer import checkpoint, optim
 from trainer.checkpoint import (
@@ -657,3 +659,17 @@ def test_the_checkpoint_library_is_imported_when_a_checkpoint_is_written(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_the_trainer_uses_no_private_name_of_torch_distributed_checkpoint() -> None:
+    """Every name the trainer imports from DCP is public (no leading underscore in the module
+    path or the name): private ones change between torch releases without notice."""
+    private = []
+    for path in sorted((ROOT / "training_image" / "trainer").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module):
+                continue
+            if node.module.startswith("torch.distributed.checkpoint"):
+                parts = [*node.module.split("."), *(alias.name for alias in node.names)]
+                private += [f"{path.name}: {node.module}: {p}" for p in parts if p.startswith("_")]
+    assert private == []
