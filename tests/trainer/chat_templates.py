@@ -66,3 +66,27 @@ MISTRAL_LIKE = (
     "{%- else %}{{- ' ' + m.content | trim + eos_token }}{%- endif %}"
     "{%- endfor %}"
 )
+
+# Generation prompts that open more than an assistant turn renders (rule 3 of trainer.chat_masks),
+# as huggingface/trl v1.9.0 ``trl/chat_templates/deepseekv3.jinja`` and ``nemotron_3_nano.jinja``
+# have them: DeepSeek-V3-like, user ``<|user|> `` + content, an assistant turn ``<|assistant|> ``
+# + content + EOS, the generation prompt ``<|assistant|> <think> `` (a think block the turns never
+# render); Nemotron 3-like, ChatML turns whose assistant turns render ``<think></think>`` before
+# the answer, the generation prompt ``<|im_start|>assistant\n<think>\n``.
+DEEPSEEK_LIKE = (
+    "{{- bos_token }}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{- '<|assistant|> ' + m.content + ' ' + eos_token + ' ' }}"
+    "{%- else %}{{- '<|' + m.role + '|> ' + m.content + ' ' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|> <think> ' }}{%- endif %}"
+)
+
+NEMOTRON3_LIKE = (
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n<think></think>' + m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)

@@ -68,6 +68,26 @@ def test_mistral_like_trains_each_turn_with_its_eos(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("template", "trained"),
+    [
+        (chat_templates.DEEPSEEK_LIKE, ["hi", "friend", "</s>", "bye", "now", "</s>"]),
+        (
+            chat_templates.NEMOTRON3_LIKE,
+            ["</think>", "hi", "friend", "<|im_end|>", "</think>", "bye", "now", "<|im_end|>"],
+        ),
+    ],
+    ids=["deepseek-v3-like", "nemotron-3-like"],
+)
+def test_a_generation_prompt_that_opens_a_think_block_trains_each_turn_after_its_header(
+    template: str, trained: list[str], tmp_path: Path
+) -> None:
+    """The generation prompt ends with a think opener that no turn renders there: each turn is
+    trained from where its rendering departs from the prompt, its role header left out (before
+    rule 3, prepare-data refused every such conversation)."""
+    assert _trained(template, tmp_path, PLAIN) == trained
+
+
+@pytest.mark.parametrize(
     "template", [chat_templates.QWEN3_LIKE, chat_templates.LLAMA3_LIKE, chat_templates.MISTRAL_LIKE]
 )
 def test_the_mask_marks_whole_assistant_turns_only(template: str, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ blocks: the character spans of a conversation's rendering that ``prepare-data`` 
 A turn's span is what the template renders for that assistant message in the full
 conversation, from just after the generation prompt (the role header that
 ``add_generation_prompt`` adds) through its end-of-turn marker, without the whitespace after
-the marker. Two rules find it, the first that holds for every assistant turn wins:
+the marker. Three rules find it, the first that holds for every assistant turn wins:
 
 1. Prefixes. Rendered up to the turn's prompt (``P``, with the generation prompt) and up to the
    turn itself (``U``), the conversation continues ``P`` with ``U`` and ``U`` with the full
@@ -19,8 +19,15 @@ the marker. Two rules find it, the first that holds for every assistant turn win
    hand-over) that the full rendering holds at that start, and at least the template's
    end-of-turn marker and one more character: a head that only the last turn gets (Qwen3's
    think block) is left out where the full rendering leaves it out.
+3. Generation prompt head, for templates whose generation prompt opens more than an assistant
+   turn renders (DeepSeek-V3's and R1's: their assistant marker then ``<think>\\n``, Nemotron 3's
+   ``assistant\\n<think>\\n`` before a turn rendered ``<think></think>answer``) and whose turns are
+   otherwise rendered as rule 1 has them. The turn starts where its rendering ``U`` departs from
+   the generation prompt ``P``: the span is ``U`` less the longest common start of ``U`` and
+   ``P``, which must hold more than the earlier messages' rendering and end with whitespace or a
+   marker's closing ``>`` or ``]``, so that no role header is trained in part.
 
-Where neither rule finds every turn, :func:`last_turn` finds the last one alone (a conversation
+Where no rule finds every turn, :func:`last_turn` finds the last one alone (a conversation
 of one turn needs no more); the caller says how many conversations it trained that way.
 """
 
@@ -41,6 +48,8 @@ ANCHOR_CHARS = 32
 # the template's end-of-turn marker.
 _PROBE_TEXT = "q7Zx"
 _PROBE = [{"role": "user", "content": "p"}, {"role": "assistant", "content": _PROBE_TEXT}]
+# Where a generation prompt's head may end for rule 3: whitespace, or a marker's closing bracket.
+_SEAMS = (">", "]", " ", "\n", "\t")
 
 
 class TemplateFailure(ValueError):
@@ -49,14 +58,14 @@ class TemplateFailure(ValueError):
 
 def assistant_turns(messages: Sequence[Message], render: Render) -> tuple[str, list[Span]] | None:
     """The full rendering of ``messages`` and the span of each assistant turn in it, by the
-    first rule of the module's that finds them all; None when neither does.
+    first rule of the module's (in their order) that finds them all; None when none does.
 
     Raises:
         TemplateFailure: the template refuses the conversation itself.
     """
     full = render(messages, False)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    for rule in (_by_prefixes, _by_location):
+    for rule in _RULES:
         spans = _all(rule, messages, render, full, turns)
         if spans is not None:
             return full, spans
@@ -65,7 +74,7 @@ def assistant_turns(messages: Sequence[Message], render: Render) -> tuple[str, l
 
 def last_turn(messages: Sequence[Message], render: Render) -> tuple[str, list[Span]] | None:
     """The rendering of ``messages`` up to their last assistant turn and that turn's span, by
-    the first rule that finds it; None when neither does (or there is no assistant turn).
+    the first rule that finds it; None when none does (or there is no assistant turn).
 
     Raises:
         TemplateFailure: the template refuses those messages.
@@ -75,7 +84,7 @@ def last_turn(messages: Sequence[Message], render: Render) -> tuple[str, list[Sp
         return None
     upto = messages[: last + 1]
     full = render(upto, False)
-    for rule in (_by_prefixes, _by_location):
+    for rule in _RULES:
         spans = _all(rule, upto, render, full, [last])
         if spans is not None:
             return full, spans
@@ -136,6 +145,35 @@ def _by_location(
                 return start, start + len(turn) - cut
         found = full.find(handover, found + 1)
     return None
+
+
+def _by_prompt_head(
+    messages: Sequence[Message], render: Render, full: str, i: int, after: int
+) -> Span | None:
+    if i == 0:
+        return None
+    before = render(messages[:i], False)
+    prompt = render(messages[:i], True)
+    upto = render(messages[: i + 1], False)
+    if not (prompt.startswith(before) and upto.startswith(before) and full.startswith(upto)):
+        return None
+    head = prompt[: _common_start(prompt, upto)]
+    start, end = len(head), len(upto.rstrip())
+    # No part of the generation prompt in the turn's rendering (its header would be trained), or
+    # a head that ends inside a marker or a word (``<|`` of ``<|user|>`` and ``<|assistant|>``).
+    if not len(before) < start < end or start < after or not head.endswith(_SEAMS):
+        return None
+    return start, end
+
+
+_RULES = (_by_prefixes, _by_location, _by_prompt_head)
+
+
+def _common_start(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` share from their start."""
+    return next(
+        (k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _end_marker(render: Render) -> str:
