@@ -48,3 +48,14 @@ def session_region() -> str | None:
     """
     region: str | None = os.environ.get("AWS_REGION") or boto3.session.Session().region_name
     return region
+
+
+def caller_arn(region: str | None = None) -> str:
+    """The ARN of the credentials in use (``sts:GetCallerIdentity``, which needs no permission),
+    recorded as who staged, registered or promoted something.
+
+    Raises:
+        botocore.exceptions.ClientError: STS refused the call (expired credentials).
+    """
+    arn: str = client("sts", region).get_caller_identity()["Arn"]
+    return arn

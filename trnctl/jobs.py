@@ -44,6 +44,12 @@ JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PRESET_LABEL = "trn-platform/preset"
 MODEL_LABEL = "trn-platform/model"
+# What a job reads, resolved when it was submitted: the data's path under the datasets mount
+# (datasets/NAME/vN for a versioned dataset) and that version's manifest SHA-256, and the model
+# version (models/NAME/vN). Annotations: the values hold '/', which label values may not.
+DATA_ANNOTATION = "trn-platform/data"
+DATA_SHA256_ANNOTATION = "trn-platform/data-manifest-sha256"
+MODEL_VERSION_ANNOTATION = "trn-platform/model-version"
 # The image's entrypoint runs `trn-train compile` (the job's flags, a few steps, into the shared
 # compile cache) before the run when this is "1" (trainer.launch).
 PRECOMPILE_ENV = "TRN_PRECOMPILE"
@@ -369,6 +375,7 @@ def render(
     image: str | None = None,
     command: Sequence[str] | None = None,
     labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     target: str = TRN,
     lnc: int | None = None,
@@ -392,6 +399,8 @@ def render(
         image: the training image; default: the environment's.
         command: replaces the image's entrypoint (``trnctl validate`` runs its program so).
         labels: extra labels on the TrainJob.
+        annotations: annotations on the TrainJob (the exact data and model versions it
+            reads, :data:`DATA_ANNOTATION` and :data:`MODEL_VERSION_ANNOTATION`). Default none.
         env: environment variables for the training container (Kubeflow Trainer merges them
             with the runtime's).
         target: ``trn`` (default) or ``gpu``.
@@ -447,14 +456,17 @@ def render(
         },
         "trainer": trainer,
     }
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": outputs.namespace,
+        "labels": {MANAGED_BY_LABEL: "trnctl", TARGET_LABEL: target, **(labels or {})},
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     job = {
         "apiVersion": f"{ws.TRAINER_API_GROUP}/{ws.TRAINER_API_VERSION}",
         "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": outputs.namespace,
-            "labels": {MANAGED_BY_LABEL: "trnctl", TARGET_LABEL: target, **(labels or {})},
-        },
+        "metadata": metadata,
         "spec": spec,
     }
     if patches:
@@ -716,6 +728,32 @@ def _gpu_placement_drift(pod: Mapping[str, Any], spec: GpuInstanceSpec) -> list[
     if not any(t.get("key") == ws.GPU_TAINT_KEY for t in pod.get("tolerations") or []):
         problems.append(f"no toleration of the {ws.GPU_TAINT_KEY} taint of the GPU nodes")
     return problems
+
+
+# The parts of a TrainJob's trainer that say how the run was configured.
+_RUN_CONFIG = ("image", "numNodes", "numProcPerNode", "args")
+
+
+def lineage(job: Mapping[str, Any]) -> dict[str, Any]:
+    """What a model exported from the TrainJob ``job`` (as the API server returns it) comes from:
+    the job, its base model and dataset as resolved at submit (:data:`MODEL_VERSION_ANNOTATION`,
+    :data:`DATA_ANNOTATION`, :data:`DATA_SHA256_ANNOTATION`; for a job submitted before those,
+    the model label), and the run's configuration (image, nodes, ranks, trainer arguments)."""
+    metadata = job.get("metadata") or {}
+    notes = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    trainer = (job.get("spec") or {}).get("trainer") or {}
+    base = notes.get(MODEL_VERSION_ANNOTATION) or (
+        f"{models.AREA.top}/{labels[MODEL_LABEL]}" if MODEL_LABEL in labels else None
+    )
+    found = {
+        "job": metadata.get("name"),
+        "base_model": base,
+        "dataset": notes.get(DATA_ANNOTATION),
+        "dataset_manifest_sha256": notes.get(DATA_SHA256_ANNOTATION),
+        "config": {key: trainer[key] for key in _RUN_CONFIG if key in trainer},
+    }
+    return {key: value for key, value in found.items() if value not in (None, {})}
 
 
 def to_yaml(job: Mapping[str, Any]) -> str:

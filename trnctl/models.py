@@ -21,12 +21,12 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trn_catalog import hf_models as hf
 from trnctl import transfer
 from trnctl.errors import TrnctlError
-from trnctl.transfer import S3Prefix, Upload, sha256_file
+from trnctl.transfer import Copy, S3Prefix, Upload, sha256_file
 
 AREA = transfer.StagedArea(
     top=hf.MODELS_PREFIX, what="model", option="--model", last_file=hf.CONFIG_FILE
@@ -36,6 +36,83 @@ name_of = AREA.name_of
 prefix = AREA.prefix
 pod_path = AREA.pod_path
 require_staged = AREA.require_staged
+
+
+class Files(Protocol):
+    """A directory of a model to check, on disk or in S3: what :func:`check` reads."""
+
+    def label(self, name: str) -> str:
+        """How messages name the file ``name``."""
+
+    def size(self, name: str) -> int | None:
+        """The size of ``name``; None when there is no such file."""
+
+    def read(self, name: str, start: int, length: int) -> bytes:
+        """``length`` bytes of ``name`` from ``start`` (fewer at its end)."""
+
+
+@dataclass(frozen=True)
+class LocalFiles:
+    """A model directory on disk."""
+
+    root: Path
+
+    def label(self, name: str) -> str:
+        return str(self.root / name)
+
+    def size(self, name: str) -> int | None:
+        path = self.root / name
+        return path.stat().st_size if path.is_file() else None
+
+    def read(self, name: str, start: int, length: int) -> bytes:
+        with (self.root / name).open("rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+
+@dataclass(frozen=True)
+class S3Files:
+    """A model directory in S3: the objects directly under ``prefix`` (``sizes``, by name, from
+    :meth:`listed`), read with ranged GETs."""
+
+    s3: Any
+    prefix: S3Prefix
+    sizes: dict[str, int]
+
+    @classmethod
+    def listed(cls, s3: Any, prefix: S3Prefix) -> S3Files:
+        """The objects under ``prefix`` (not in subdirectories).
+
+        Raises:
+            botocore.exceptions.ClientError: S3 refused the listing.
+        """
+        sizes: dict[str, int] = {}
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=prefix.bucket, Prefix=prefix.prefix
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                name = item["Key"][len(prefix.prefix) :]
+                if name and "/" not in name:
+                    sizes[name] = int(item["Size"])
+        return cls(s3, prefix, sizes)
+
+    def label(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def size(self, name: str) -> int | None:
+        return self.sizes.get(name)
+
+    def read(self, name: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        found = self.s3.get_object(
+            Bucket=self.prefix.bucket,
+            Key=self.prefix.key(name),
+            Range=f"bytes={start}-{start + length - 1}",
+        )
+        body: bytes = found["Body"].read()
+        return body
 
 
 @dataclass(frozen=True)
@@ -51,8 +128,23 @@ class ModelDir:
 
 
 def inspect(root: Path) -> ModelDir:
-    """Checks that ``root`` holds a model the trainer reads, reading only small files and the
-    safetensors headers.
+    """Checks that ``root`` holds a model the trainer reads (:func:`check`) and selects its files
+    to stage.
+
+    Raises:
+        TrnctlError: USAGE, naming the file and what is wrong with it.
+    """
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise TrnctlError(f"model directory {str(root)!r} {what}")
+    architecture, weights = check(LocalFiles(root), str(root))
+    files, skipped = _selection(root, weights)
+    return ModelDir(root, architecture, files, skipped)
+
+
+def check(files: Files, where: str) -> tuple[str, tuple[str, ...]]:
+    """Checks that ``files`` (the directory ``where``) hold a model the trainer reads, reading
+    only small files and the safetensors headers; returns its architecture and weight files.
 
     The checks: ``config.json`` is a JSON object whose ``architectures`` is a list of one of
     :data:`trn_catalog.hf_models.ARCHITECTURES` (or, without ``architectures``, whose
@@ -65,31 +157,29 @@ def inspect(root: Path) -> ModelDir:
     Raises:
         TrnctlError: USAGE, naming the file and what is wrong with it.
     """
-    if not root.is_dir():
-        what = "is not a directory" if root.exists() else "does not exist"
-        raise TrnctlError(f"model directory {str(root)!r} {what}")
-    architecture = _architecture(root / hf.CONFIG_FILE)
-    weights = _weights(root)
-    if not any((root / name).is_file() for name in hf.TOKENIZER_FILES):
+    architecture = _architecture(files, hf.CONFIG_FILE)
+    weights = _weights(files, where)
+    if not any(files.size(name) is not None for name in hf.TOKENIZER_FILES):
         raise TrnctlError(
-            f"model directory {str(root)!r} has no {' or '.join(hf.TOKENIZER_FILES)}: the "
+            f"model directory {where!r} has no {' or '.join(hf.TOKENIZER_FILES)}: the "
             "tokenizer travels with the model (prepare-data and export read it)"
         )
-    files, skipped = _selection(root, weights)
-    return ModelDir(root, architecture, files, skipped)
+    return architecture, weights
 
 
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise TrnctlError(f"{path}: missing; a Hugging Face model directory has one")
+def _read_json(files: Files, name: str) -> Any:
+    size = files.size(name)
+    if size is None:
+        raise TrnctlError(f"{files.label(name)}: missing; a Hugging Face model directory has one")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(files.read(name, 0, size).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
-        raise TrnctlError(f"{path}: not valid JSON ({error})") from None
+        raise TrnctlError(f"{files.label(name)}: not valid JSON ({error})") from None
 
 
-def _architecture(config: Path) -> str:
-    raw = _read_json(config)
+def _architecture(files: Files, name: str) -> str:
+    raw = _read_json(files, name)
+    config = files.label(name)
     if not isinstance(raw, dict):
         raise TrnctlError(f"{config}: not a JSON object")
     allowed = ", ".join(hf.ARCHITECTURES)
@@ -108,25 +198,23 @@ def _architecture(config: Path) -> str:
     )
 
 
-def _weights(root: Path) -> tuple[str, ...]:
+def _weights(files: Files, where: str) -> tuple[str, ...]:
     """The weight files (and the index, first) after checking each."""
-    single = root / hf.WEIGHTS_FILE
-    if single.is_file():
-        check_safetensors(single)
+    if files.size(hf.WEIGHTS_FILE) is not None:
+        _safetensors(files, hf.WEIGHTS_FILE)
         return (hf.WEIGHTS_FILE,)
-    index = root / hf.WEIGHTS_INDEX_FILE
-    if not index.is_file():
+    if files.size(hf.WEIGHTS_INDEX_FILE) is None:
         raise TrnctlError(
-            f"model directory {str(root)!r} has neither {hf.WEIGHTS_FILE} nor "
+            f"model directory {where!r} has neither {hf.WEIGHTS_FILE} nor "
             f"{hf.WEIGHTS_INDEX_FILE} (other weight formats, such as pytorch_model.bin, are not "
             "read)"
         )
-    weight_map = _weight_map(index)
+    index = files.label(hf.WEIGHTS_INDEX_FILE)
+    weight_map = _weight_map(files, hf.WEIGHTS_INDEX_FILE)
     for shard in sorted(set(weight_map.values())):
-        path = root / shard
-        if not path.is_file():
+        if files.size(shard) is None:
             raise TrnctlError(f"{index}: names {shard}, which is missing")
-        tensors = check_safetensors(path)
+        tensors = _safetensors(files, shard)
         absent = sorted(t for t, f in weight_map.items() if f == shard and t not in tensors)
         if absent:
             raise TrnctlError(
@@ -136,8 +224,9 @@ def _weights(root: Path) -> tuple[str, ...]:
     return (hf.WEIGHTS_INDEX_FILE, *sorted(set(weight_map.values())))
 
 
-def _weight_map(index: Path) -> dict[str, str]:
-    raw = _read_json(index)
+def _weight_map(files: Files, name: str) -> dict[str, str]:
+    raw = _read_json(files, name)
+    index = files.label(name)
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise TrnctlError(f"{index}: no weight_map object naming the file of each tensor")
@@ -155,26 +244,35 @@ def _weight_map(index: Path) -> dict[str, str]:
 
 
 def check_safetensors(path: Path) -> set[str]:
-    """The tensor names of the safetensors file at ``path``, after checking its header: an 8-byte
+    """The tensor names of the safetensors file at ``path`` (see :func:`_safetensors`).
+
+    Raises:
+        TrnctlError: USAGE, naming the file and what is wrong.
+    """
+    return _safetensors(LocalFiles(path.parent), path.name)
+
+
+def _safetensors(files: Files, name: str) -> set[str]:
+    """The tensor names of the safetensors file ``name``, after checking its header: an 8-byte
     little-endian length, that many bytes of a JSON object (at most safetensors' 100,000,000),
     and tensors whose byte ranges end exactly at the end of the file (a truncated copy fails).
 
     Raises:
         TrnctlError: USAGE, naming the file and what is wrong.
     """
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw_length = f.read(hf.SAFETENSORS_LENGTH_BYTES)
-        if len(raw_length) < hf.SAFETENSORS_LENGTH_BYTES:
-            raise TrnctlError(f"{path}: {size} bytes, too short for a safetensors header")
-        (length,) = struct.unpack("<Q", raw_length)
-        room = size - hf.SAFETENSORS_LENGTH_BYTES
-        if length > min(room, hf.SAFETENSORS_MAX_HEADER):
-            raise TrnctlError(
-                f"{path}: header length {length} exceeds the file's remaining {room} bytes or "
-                f"safetensors' limit of {hf.SAFETENSORS_MAX_HEADER} (not a safetensors file?)"
-            )
-        header_bytes = f.read(length)
+    path = files.label(name)
+    size = files.size(name) or 0
+    raw_length = files.read(name, 0, hf.SAFETENSORS_LENGTH_BYTES)
+    if len(raw_length) < hf.SAFETENSORS_LENGTH_BYTES:
+        raise TrnctlError(f"{path}: {size} bytes, too short for a safetensors header")
+    (length,) = struct.unpack("<Q", raw_length)
+    room = size - hf.SAFETENSORS_LENGTH_BYTES
+    if length > min(room, hf.SAFETENSORS_MAX_HEADER):
+        raise TrnctlError(
+            f"{path}: header length {length} exceeds the file's remaining {room} bytes or "
+            f"safetensors' limit of {hf.SAFETENSORS_MAX_HEADER} (not a safetensors file?)"
+        )
+    header_bytes = files.read(name, hf.SAFETENSORS_LENGTH_BYTES, length)
     try:
         header = json.loads(header_bytes.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -191,7 +289,7 @@ def check_safetensors(path: Path) -> set[str]:
     return set(tensors)
 
 
-def _data_end(path: Path, tensors: dict[str, Any]) -> int:
+def _data_end(path: str, tensors: dict[str, Any]) -> int:
     end = 0
     for name, info in tensors.items():
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
@@ -227,10 +325,33 @@ def _selection(root: Path, weights: tuple[str, ...]) -> tuple[tuple[str, ...], t
     return (*weights, *others, hf.CONFIG_FILE), tuple(skipped)
 
 
-def uploads(model: ModelDir, dest: S3Prefix) -> list[Upload]:
+def digests(model: ModelDir) -> dict[str, str]:
+    """The SHA-256 of each of ``model``'s files, by name (which reads every file once)."""
+    return {name: sha256_file(model.root / name) for name in model.files}
+
+
+def uploads(model: ModelDir, dest: S3Prefix, sha256s: dict[str, str] | None = None) -> list[Upload]:
     """The uploads of ``model``'s files to ``dest``, in :attr:`ModelDir.files` order, each with
-    its SHA-256 (which reads every file once)."""
+    its SHA-256 (``sha256s``, by name, or read from the file)."""
+    known = sha256s or {}
     return [
-        Upload(model.root / name, dest.key(name), sha256_file(model.root / name))
+        Upload(
+            model.root / name,
+            dest.key(name),
+            known.get(name) or sha256_file(model.root / name),
+        )
         for name in model.files
+    ]
+
+
+def export_copies(files: S3Files, weights: tuple[str, ...], dest: S3Prefix) -> list[Copy]:
+    """The copies of a checked model directory in S3 (:func:`check` of ``files``) into
+    ``dest``: the weights first, then every other file directly in it by name (hidden ones left
+    out), ``config.json`` last."""
+    others = sorted(
+        n for n in files.sizes if n not in weights and n != hf.CONFIG_FILE and not n.startswith(".")
+    )
+    return [
+        Copy(files.prefix.bucket, files.prefix.key(name), dest.key(name), files.sizes[name])
+        for name in (*weights, *others, hf.CONFIG_FILE)
     ]

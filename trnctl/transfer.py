@@ -68,6 +68,33 @@ class Upload:
         return self.path.stat().st_size
 
 
+@dataclass(frozen=True)
+class Copy:
+    """One object to copy within S3, from ``source_bucket``/``source_key`` to ``key``."""
+
+    source_bucket: str
+    source_key: str
+    key: str
+    size: int
+
+
+def copy_all(s3: Any, items: list[Copy], dest: S3Prefix) -> None:
+    """Copies ``items`` into ``dest``'s bucket in order, server-side (boto3's managed copy: a
+    multipart copy above 8 MiB, so objects over CopyObject's 5 GB limit copy too), asking S3 to
+    store a SHA-256 checksum of each copy.
+
+    Raises:
+        botocore.exceptions.ClientError: S3 refused a copy (no such source, access denied).
+    """
+    for item in items:
+        s3.copy(
+            {"Bucket": item.source_bucket, "Key": item.source_key},
+            dest.bucket,
+            item.key,
+            ExtraArgs={"ChecksumAlgorithm": "SHA256"},
+        )
+
+
 def sha256_file(path: Path) -> str:
     """The SHA-256 of the file at ``path``, read in 8 MiB chunks."""
     digest = hashlib.sha256()

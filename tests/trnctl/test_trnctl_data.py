@@ -138,11 +138,12 @@ def test_env_stages_into_the_environments_datasets_bucket(
         Name="/trn-platform/trn-dev/outputs", Value=outputs, Type="String"
     )
 
-    run = stage(trnctl, corpus, "tiny", "--env", "trn-dev")
+    # A prefix outside datasets/NAME is staged as it is, without versions.
+    run = stage(trnctl, corpus, "corpora/tiny", "--env", "trn-dev")
 
     assert run.exit_code == 0, run.stderr
-    assert f"at s3://{BUCKET}/tiny/" in run.stdout
-    assert s3.head_object(Bucket=BUCKET, Key="tiny/manifest.json")["ContentLength"] > 0
+    assert f"at s3://{BUCKET}/corpora/tiny/" in run.stdout
+    assert s3.head_object(Bucket=BUCKET, Key="corpora/tiny/manifest.json")["ContentLength"] > 0
 
 
 def test_unknown_env_exits_4(trnctl: Any, corpus: Path) -> None:

@@ -77,9 +77,14 @@ def test_data_stage_finds_the_environment_and_uploads(
     unknown = trnctl(endpoint, "data", "stage", str(tmp_path), "tales", "--env", "trn-nope")
 
     assert staged.returncode == 0, staged.stderr
-    assert "staged 3 shards (85,000 tokens, 1 files) at s3://e2e-datasets/tales/" in staged.stdout
+    assert "staged 3 shards (85,000 tokens, 1 files) as datasets/tales/v1" in staged.stdout
     keys = {o["Key"] for o in client("s3").list_objects_v2(Bucket="e2e-datasets")["Contents"]}
-    assert keys == {f"tales/shard_0000{i}.bin" for i in range(3)} | {"tales/manifest.json"}
+    version = {f"datasets/tales/v1/shard_0000{i}.bin" for i in range(3)}
+    assert keys == version | {
+        "datasets/tales/v1/manifest.json",
+        "datasets/tales/versions/v1.json",
+        "datasets/tales/latest",
+    }
     assert unknown.returncode == 4
     assert unknown.stderr == (
         "trnctl: unknown environment 'trn-nope': SSM parameter /trn-platform/trn-nope/outputs "

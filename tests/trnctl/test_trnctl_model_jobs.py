@@ -17,7 +17,7 @@ import yaml
 from fake_kube import FakeKube
 from test_trnctl_aws import OUTPUTS
 
-from trnctl import jobs, kube, models
+from trnctl import jobs, kube, models, versioning
 from trnctl.errors import ExitCode, TrnctlError
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -112,8 +112,9 @@ def test_a_model_never_staged_is_refused(deployed: None, no_kubernetes: None, tr
 
     assert run.exit_code == ExitCode.NOT_FOUND
     assert run.stderr == (
-        f"trnctl: model models/qwen3-8b is not staged: s3://{BUCKET}/models/qwen3-8b/config.json "
-        "does not exist; stage it first with: trnctl model stage DIR qwen3-8b --env trn-dev\n"
+        f"trnctl: --model models/qwen3-8b: model models/qwen3-8b is not staged (no version, and "
+        f"no s3://{BUCKET}/models/qwen3-8b/config.json); stage it first with: trnctl model stage "
+        "DIR qwen3-8b --env trn-dev\n"
     )
 
 
@@ -134,21 +135,93 @@ def test_a_model_whose_stage_did_not_finish_is_refused(
 def test_access_denied_on_the_staged_check_is_one_line(
     deployed: None, no_kubernetes: None, trnctl: Any, clients: Any, stub: Any
 ) -> None:
-    stub(clients("s3")).add_client_error("head_object", "403", "Forbidden", 403)
+    stub(clients("s3")).add_client_error("list_objects_v2", "403", "Forbidden", 403)
 
     run = trnctl(*SUBMIT, "--model", "models/llama-3.2-1b")
 
     assert run.exit_code == ExitCode.AWS
-    assert run.stderr.startswith("trnctl: access denied calling HeadObject (403): Forbidden;")
+    assert run.stderr.startswith("trnctl: access denied calling ListObjectsV2 (403): Forbidden;")
+
+
+def _version(name: str, number: int, status: str, state: str = "complete") -> None:
+    """A model version as the registry writes it: its manifest (the files do not matter to
+    submit, which reads manifests only)."""
+    s3 = boto3.client("s3")
+    ref = versioning.Ref("models", name, number)
+    record = {"name": name, "version": f"v{number}", "state": state, "status": status}
+    versioning.put_json(s3, BUCKET, ref.record_key(), record)
+
+
+def _model_args(run: Any) -> tuple[str, dict[str, str]]:
+    assert run.exit_code == 0, run.stderr
+    job = yaml.safe_load(run.stdout)
+    args = job["spec"]["trainer"]["args"]
+    return args[args.index("--model") + 1], job["metadata"]["annotations"]
+
+
+def test_a_job_reads_the_version_in_service_or_the_one_it_names(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    """models/NAME is the newest promoted version, resolved at submit and recorded on the job;
+    models/NAME@vN that version whatever its status."""
+    _version("qwen", 1, "promoted")
+    _version("qwen", 2, "promoted")
+    _version("qwen", 3, "rejected")
+    _version("qwen", 4, "candidate")
+    _version("qwen", 5, "promoted", state="staging")
+
+    serving = _model_args(trnctl(*SUBMIT, "--model", "models/qwen"))
+    named = _model_args(trnctl(*SUBMIT, "--model", "models/qwen@v4"))
+
+    assert serving == (
+        "/datasets/models/qwen/v2",
+        {"trn-platform/data": "chats", "trn-platform/model-version": "models/qwen/v2"},
+    )
+    assert named[0] == "/datasets/models/qwen/v4"
+    assert named[1]["trn-platform/model-version"] == "models/qwen/v4"
+
+
+def test_a_model_with_no_promoted_version_is_refused(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    _version("qwen", 1, "rejected")
+    _version("qwen", 2, "candidate")
+
+    run = trnctl(*SUBMIT, "--model", "models/qwen")
+
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert run.stderr == (
+        "trnctl: --model models/qwen: no version is promoted (v1 rejected, v2 candidate); pass "
+        "models/qwen@vN or promote one with: trnctl model promote models/qwen@vN --env trn-dev "
+        "--reason ...\n"
+    )
+
+
+@pytest.mark.parametrize(("number", "what"), [(2, "is still staging"), (9, "does not exist")])
+def test_a_model_version_that_is_not_complete_is_refused(
+    deployed: None, no_kubernetes: None, trnctl: Any, number: int, what: str
+) -> None:
+    _version("qwen", 1, "promoted")
+    _version("qwen", 2, "candidate", state="staging")
+
+    run = trnctl(*SUBMIT, "--model", f"models/qwen@v{number}")
+
+    assert run.exit_code == ExitCode.NOT_FOUND
+    assert run.stderr.startswith(f"trnctl: models/qwen@v{number} {what}")
+    assert "; complete versions of models/qwen: v1 (trnctl model stage DIR qwen" in run.stderr
 
 
 @pytest.mark.parametrize(
     ("extra", "line"),
     [
         (["--model", "llama-3.2-1b"], "--model 'llama-3.2-1b' is not models/NAME"),
-        (["--model", "models/a/b"], "--model 'models/a/b' is not models/NAME"),
+        (["--model", "models/a/b"], "--model 'models/a/b': 'a/b' cannot name a versioned model"),
         (["--model", "weights/x"], "--model 'weights/x' is not models/NAME"),
-        (["--model", "models/Llama"], "model name 'Llama' is not allowed: use lowercase"),
+        (
+            ["--model", "models/Llama"],
+            "--model 'models/Llama': 'Llama' cannot name a versioned model: use lowercase",
+        ),
+        (["--model", "models/llama@3"], "--model 'models/llama@3': the version is vN"),
         ([], "pass exactly one of --preset and --model"),
         (
             ["--preset", "tiny", "--model", "models/llama-3.2-1b"],

@@ -20,7 +20,7 @@ from test_trnctl_aws import OUTPUTS
 
 from tests.s3_writes import S3Writes, Stopped
 from trn_catalog import hf_models
-from trnctl import aws, models
+from trnctl import aws, models, registry, versioning
 from trnctl.errors import ExitCode, TrnctlError
 
 pytestmark = pytest.mark.usefixtures("moto")
@@ -102,8 +102,8 @@ def test_stage_uploads_what_the_trainer_reads_and_leaves_the_rest(
     run = stage(trnctl, model_dir)
 
     assert run.exit_code == 0, run.stderr
-    assert keys(s3) == {
-        f"models/tiny-llama/{name}"
+    assert keys(s3) == {"models/tiny-llama/versions/v1.json"} | {
+        f"models/tiny-llama/v1/{name}"
         for name in (
             "model.safetensors.index.json",
             "model-00001-of-00002.safetensors",
@@ -114,18 +114,43 @@ def test_stage_uploads_what_the_trainer_reads_and_leaves_the_rest(
             "config.json",
         )
     }
-    assert "staged LlamaForCausalLM tiny-llama (7 files, " in run.stdout
+    assert "staged LlamaForCausalLM tiny-llama as models/tiny-llama@v1 (7 files, " in run.stdout
     assert (
-        f"at s3://{BUCKET}/models/tiny-llama/: uploaded 7, skipped 0 already intact" in run.stdout
+        f"at s3://{BUCKET}/models/tiny-llama/v1/: uploaded 7, skipped 0 already intact; promoted"
+        in run.stdout
     )
     assert "left out .gitattributes, original/, pytorch_model.bin;" in run.stdout
     assert "trnctl job submit --env trn-dev --model models/tiny-llama" in run.stdout
     for name in ("config.json", "model-00002-of-00002.safetensors"):
-        head = s3.head_object(Bucket=BUCKET, Key=f"models/tiny-llama/{name}")
+        head = s3.head_object(Bucket=BUCKET, Key=f"models/tiny-llama/v1/{name}")
         assert (
             head["Metadata"]["sha256"]
             == hashlib.sha256((model_dir / name).read_bytes()).hexdigest()
         )
+
+
+def manifest(s3: Any, version: str) -> dict[str, Any]:
+    found = versioning.get_json(s3, BUCKET, f"models/tiny-llama/versions/{version}.json")
+    assert found is not None
+    return found[0]
+
+
+def test_a_staged_version_records_where_it_came_from_and_is_in_service(
+    trnctl: Any, s3: Any, model_dir: Path
+) -> None:
+    assert stage(trnctl, model_dir).exit_code == 0
+
+    record = manifest(s3, "v1")
+
+    assert record["state"] == "complete" and record["status"] == "promoted"
+    assert record["source"] == {"kind": "staged", "path": str(model_dir.resolve())}
+    assert record["architecture"] == "LlamaForCausalLM"
+    assert record["created_by"] == aws.caller_arn()
+    assert [(h["status"], h["by"]) for h in record["history"]] == [("promoted", aws.caller_arn())]
+    assert record["files"] == 7
+    assert registry.resolve(s3, BUCKET, "models/tiny-llama", "trn-dev").path == (
+        "models/tiny-llama/v1"
+    )
 
 
 def test_config_json_goes_up_last(model_dir: Path) -> None:
@@ -141,52 +166,70 @@ def test_config_json_goes_up_last(model_dir: Path) -> None:
     ]
 
 
-def test_a_rerun_skips_files_already_uploaded_intact(trnctl: Any, s3: Any, model_dir: Path) -> None:
+def test_the_same_files_again_are_the_same_version(trnctl: Any, s3: Any, model_dir: Path) -> None:
     stage(trnctl, model_dir)
-    key = "models/tiny-llama/model-00001-of-00002.safetensors"
+    key = "models/tiny-llama/v1/model-00001-of-00002.safetensors"
     before = s3.head_object(Bucket=BUCKET, Key=key)["LastModified"]
 
     run = stage(trnctl, model_dir)
 
     assert run.exit_code == 0, run.stderr
-    assert "uploaded 0, skipped 7 already intact" in run.stdout
+    assert "already staged as models/tiny-llama@v1 (promoted); no new version" in run.stdout
     assert s3.head_object(Bucket=BUCKET, Key=key)["LastModified"] == before
+    assert keys(s3, "models/tiny-llama/versions/") == {"models/tiny-llama/versions/v1.json"}
 
 
-def test_a_changed_file_is_uploaded_again(trnctl: Any, s3: Any, model_dir: Path) -> None:
+def test_a_changed_file_is_a_new_version_and_the_old_one_stays(
+    trnctl: Any, s3: Any, model_dir: Path
+) -> None:
     stage(trnctl, model_dir)
+    v1 = {
+        k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in keys(s3, "models/tiny-llama/v1/")
+    }
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
-    # Same size, no recorded checksum: a copy some other tool made.
-    key = "models/tiny-llama/generation_config.json"
-    s3.put_object(Bucket=BUCKET, Key=key, Body=b"[]")
 
     run = stage(trnctl, model_dir)
 
-    # The two files, and config.json again: it is deleted before they go up.
-    assert "uploaded 3, skipped 4 already intact" in run.stdout
-    body = s3.get_object(Bucket=BUCKET, Key="models/tiny-llama/tokenizer_config.json")["Body"]
+    assert run.exit_code == 0, run.stderr
+    assert "as models/tiny-llama@v2 (7 files, " in run.stdout
+    body = s3.get_object(Bucket=BUCKET, Key="models/tiny-llama/v2/tokenizer_config.json")["Body"]
     assert json.loads(body.read()) == {"model_max_length": 256}
-    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"{}"
-    models.require_staged(s3, BUCKET, "tiny-llama", "trn-dev")
+    assert {k: s3.head_object(Bucket=BUCKET, Key=k)["ETag"] for k in v1} == v1
+    assert registry.resolve(s3, BUCKET, "models/tiny-llama", "trn-dev").path == (
+        "models/tiny-llama/v2"
+    )
+    assert registry.resolve(s3, BUCKET, "models/tiny-llama@v1", "trn-dev").path == (
+        "models/tiny-llama/v1"
+    )
 
 
-def test_a_restage_stopped_midway_leaves_no_config_json_vouching_for_it(
+def test_a_stage_stopped_before_config_json_leaves_the_old_version_in_service(
     trnctl: Any, s3: Any, clients: Any, model_dir: Path
 ) -> None:
-    """config.json marks a stage that finished: a stage of changed files over an earlier one,
-    stopped before its first upload, must not leave the earlier one's."""
+    """config.json goes up last and the manifest says complete after it: a stage of changed
+    files stopped before config.json leaves v2 unusable and v1 in service; the next stage of
+    the same files resumes v2, uploading only what is missing."""
     assert stage(trnctl, model_dir).exit_code == 0
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
-    writes = S3Writes(clients("s3", OUTPUTS.region), stop_at=1)
+    # The claim of v2's manifest, then the 6 files before config.json.
+    writes = S3Writes(clients("s3", OUTPUTS.region), stop_at=8)
 
     with pytest.raises(Stopped):
         stage(trnctl, model_dir)
     writes.close()
 
-    assert writes.log == [("delete", "models/tiny-llama/config.json")]
-    with pytest.raises(TrnctlError, match=r"model models/tiny-llama is not staged: ") as error:
-        models.require_staged(s3, BUCKET, "tiny-llama", "trn-dev")
+    assert writes.puts[0] == "models/tiny-llama/versions/v2.json"
+    assert "models/tiny-llama/v2/config.json" not in keys(s3)
+    assert registry.resolve(s3, BUCKET, "models/tiny-llama", "trn-dev").path == (
+        "models/tiny-llama/v1"
+    )
+    with pytest.raises(TrnctlError, match=r"models/tiny-llama@v2 is still staging") as error:
+        registry.resolve(s3, BUCKET, "models/tiny-llama@v2", "trn-dev")
     assert error.value.exit_code == ExitCode.NOT_FOUND
+    again = stage(trnctl, model_dir)
+    assert "as models/tiny-llama@v2 " in again.stdout
+    assert "uploaded 1, skipped 6 already intact" in again.stdout
+    assert manifest(s3, "v2")["state"] == "complete"
 
 
 def test_large_weights_go_up_as_multipart_with_their_sha256(
@@ -201,7 +244,7 @@ def test_large_weights_go_up_as_multipart_with_their_sha256(
     run = stage(trnctl, model_dir, "tiny-llama", "--part-size-mib", "5")
 
     assert run.exit_code == 0, run.stderr
-    head = s3.head_object(Bucket=BUCKET, Key="models/tiny-llama/model.safetensors")
+    head = s3.head_object(Bucket=BUCKET, Key="models/tiny-llama/v1/model.safetensors")
     assert head["ETag"].strip('"').endswith("-2")
     digest = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
     assert head["Metadata"]["sha256"] == digest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -15,8 +16,10 @@ from trn_catalog import ultraservers
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import (
     aws,
+    datasets,
     jobs,
-    models,
+    registry,
+    versioning,
 )
 from trnctl import code as codes
 from trnctl.commands import common, job_watch
@@ -217,7 +220,8 @@ def job_submit(
 
     if preset is not None and preset not in PRESETS:
         raise TrnctlError(f"--preset {preset!r} is unknown; known: {', '.join(PRESETS)}")
-    model_name = models.name_of(model) if model is not None else None
+    model_ref = registry.model_ref(model, "--model", bare=False) if model is not None else None
+    model_name = model_ref.name if model_ref is not None else None
     args = jobs.TrainingArgs(
         preset,
         data,
@@ -236,9 +240,7 @@ def job_submit(
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
     count = _node_count(outputs, nodes, target, ultraserver)
-    if model_name is not None:
-        s3 = aws.client("s3", outputs.region)
-        models.require_staged(s3, outputs.datasets_bucket, model_name, env)
+    args, notes, what = _resolve(args, outputs, model, env)
     start = preset or model_name or ""
     job_name = name or jobs.generated_name("train", start, datetime.now(UTC))
     label = jobs.PRESET_LABEL if preset is not None else jobs.MODEL_LABEL
@@ -249,13 +251,39 @@ def job_submit(
         args=args.argv(job_name),
         image=image,
         labels={label: start},
+        annotations=notes,
         env={jobs.PRECOMPILE_ENV: "1"} if precompile else None,
         target=target,
         lnc=lnc,
         ultraserver=ultraserver,
     )
-    what = f"preset {preset}" if preset is not None else f"model models/{model_name}"
     _create(job, outputs, spec, what, env, dry_run)
+
+
+def _resolve(
+    args: jobs.TrainingArgs, outputs: EnvironmentOutputs, model: str | None, env: str
+) -> tuple[jobs.TrainingArgs, dict[str, str], str]:
+    """``args`` with the exact data and model versions they name (resolved now: a later stage
+    does not change what this job reads), the annotations that record them, and the job's
+    description.
+
+    Raises:
+        TrnctlError: NOT_FOUND for data or a model that is not staged (see
+            :func:`trnctl.datasets.resolve`, :func:`trnctl.registry.resolve`).
+    """
+    s3 = aws.client("s3", outputs.region)
+    data = datasets.resolve(s3, outputs.datasets_bucket, args.data, env)
+    notes = {jobs.DATA_ANNOTATION: data.path}
+    if data.manifest_sha256:
+        notes[jobs.DATA_SHA256_ANNOTATION] = data.manifest_sha256
+    read = f", data {data.version}" if data.version else ""
+    if model is None:
+        return dataclasses.replace(args, data=data.path), notes, f"preset {args.preset}{read}"
+    found = registry.resolve(s3, outputs.datasets_bucket, model, env)
+    notes[jobs.MODEL_VERSION_ANNOTATION] = found.path
+    under = found.path.removeprefix(f"{versioning.MODELS}/")
+    resolved = dataclasses.replace(args, data=data.path, model=under)
+    return resolved, notes, f"model {found.version or found.path}{read}"
 
 
 # The flags of `job submit` that only mean something on Trainium, and why.
