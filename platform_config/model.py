@@ -159,6 +159,9 @@ class PlatformConfig:
     gpu: GpuCapacity | None = None
     # How Neuron and EFA devices reach pods: device plugins, or Dynamic Resource Allocation.
     devices: DeviceMode = "plugin"
+    # Where the model registry lives: the S3 manifests alone ("s3"), or mirrored into SageMaker
+    # Model Registry too ("sagemaker"; trn_catalog.outputs.MODEL_REGISTRIES).
+    model_registry: str = "s3"
 
     @property
     def env(self) -> EnvName:

@@ -30,7 +30,7 @@ from platform_config.model import (
 from trn_catalog import devices as device_modes
 from trn_catalog import formats, registries, ultraservers, versions
 from trn_catalog import fsx as fsx_limits
-from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, PREVIEW_REGIONS
+from trn_catalog.outputs import MAX_PREVIEW_TTL_HOURS, MODEL_REGISTRIES, PREVIEW_REGIONS
 
 CONTEXT_KEYS: tuple[str, ...] = (
     "account",
@@ -57,6 +57,7 @@ CONTEXT_KEYS: tuple[str, ...] = (
     "devices",
     "lnc",
     "ultraserver_reservation_ids",
+    "model_registry",
 )
 # Keys that size or reserve the one plain trn node group; UltraServer blocks set both instead.
 PLAIN_TRN_CAPACITY_KEYS: tuple[str, ...] = ("trn_nodes", "capacity", "capacity_reservation_id")
@@ -587,6 +588,7 @@ def parse_config(
         ),
         gpu=_gpu(reader),
         devices=devices,
+        model_registry=reader.choice("model_registry", "s3", MODEL_REGISTRIES),
     )
     if reader.problems:
         raise ConfigError(reader.problems)

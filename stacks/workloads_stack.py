@@ -102,6 +102,7 @@ class WorkloadsStack(Stack):
             trn_nodes=config.trn.nodes,
             devices=config.devices,
             lnc=0 if config.devices == "dra" else config.trn.lnc or config.trn.spec.default_lnc,
+            model_registry=config.model_registry,
             **_gpu_outputs(config, gpu, image),
             **_ultraserver_outputs(config),
             alert_topic_arn=self.observability.topic.topic_arn,

@@ -63,7 +63,7 @@ CDK_JSON_CONTEXT: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["
 # Capacity Blocks.
 VARIANTS: dict[str, dict[str, str]] = {
     "dev": {},
-    "prod": {"env": "prod", "project": "nlp"},
+    "prod": {"env": "prod", "project": "nlp", "model_registry": "sagemaker"},
     "preview": {"preview": "alpha", "ttl_hours": "24"},
     "efa-fsx": {"efa_fsx": "true", "fsx_storage_gib": "4800", "fsx_throughput_per_tib": "1000"},
     "capacity-block": {

@@ -65,6 +65,12 @@ PREVIEW_REGIONS = frozenset(
 )
 
 
+# Where an environment's model registry lives (context key model_registry): the manifests in the
+# datasets bucket alone, or mirrored into SageMaker Model Registry as well (trnctl
+# sagemaker_registry).
+MODEL_REGISTRIES = ("s3", "sagemaker")
+
+
 def parameter_name(environment: str) -> str:
     """The SSM parameter of an environment's outputs: ``/trn-platform/<environment>/outputs``."""
     return f"{PARAMETER_PREFIX}/{environment}/outputs"
@@ -116,6 +122,8 @@ class EnvironmentOutputs:
     # before they existed.
     alert_topic_arn: str = ""
     dashboard: str = ""
+    # The model registry (MODEL_REGISTRIES): "s3" in outputs written before this key existed.
+    model_registry: str = "s3"
 
     @property
     def ultraserver_id_list(self) -> list[str]:

@@ -293,6 +293,7 @@ def test_context_keys_are_the_documented_names() -> None:
         "devices",
         "lnc",
         "ultraserver_reservation_ids",
+        "model_registry",
     )
 
 

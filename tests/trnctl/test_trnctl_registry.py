@@ -1,6 +1,8 @@
 """The model registry: `trnctl model register|list|show|promote|rollback` against moto's S3 (the
-manifests, the source of truth); the TrainJob a model was exported from is read from the fake API
-server with the real kubernetes client."""
+manifests, the source of truth) and, for an environment deployed with model_registry=sagemaker,
+moto's SageMaker Model Registry (one model package group per model, approval status in step);
+the TrainJob a model was exported from is read from the fake API server with the real
+kubernetes client."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.session
 import pytest
+import regex
 import test_trnctl_kube
 from fake_kube import FakeKube
 from test_trnctl_aws import OUTPUTS
 from test_trnctl_model_stage import model_dir
 
-from trnctl import aws, models, registry, versioning
+from trnctl import aws, models, registry, sagemaker_registry, versioning
 from trnctl.errors import ExitCode, TrnctlError
 from trnctl.versioning import Ref
 
@@ -36,6 +40,18 @@ def s3(fake: FakeKube) -> Any:
             Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-east-2"}
         )
     return client
+
+
+def sagemaker_env() -> None:
+    """trn-dev's outputs as an environment deployed with -c model_registry=sagemaker writes
+    them."""
+    outputs = json.loads(OUTPUTS.to_json()) | {"model_registry": "sagemaker"}
+    boto3.client("ssm").put_parameter(
+        Name="/trn-platform/trn-dev/outputs",
+        Value=json.dumps(outputs),
+        Type="String",
+        Overwrite=True,
+    )
 
 
 def train_job(fake: FakeKube, name: str = "ft-1") -> None:
@@ -401,3 +417,134 @@ def test_a_manifest_that_keeps_changing_is_given_up(s3: Any, clients: Any) -> No
             registry.set_status(mine, BUCKET, ref, "promoted", "me", "why")
     finally:
         mine.meta.events.unregister("before-parameter-build.s3.PutObject", unique_id="race")
+
+
+# --- SageMaker Model Registry ---------------------------------------------------------------
+
+
+def packages(group: str) -> dict[int, dict[str, Any]]:
+    sm = boto3.client("sagemaker")
+    listed = sm.list_model_packages(ModelPackageGroupName=group)["ModelPackageSummaryList"]
+    return {
+        int(p["ModelPackageVersion"]): sm.describe_model_package(
+            ModelPackageName=p["ModelPackageArn"]
+        )
+        for p in listed
+    }
+
+
+def test_with_sagemaker_each_version_is_a_package_whose_approval_follows_its_status(
+    trnctl: Any, s3: Any, fake: FakeKube, model_dir: Path
+) -> None:
+    sagemaker_env()
+    registered(trnctl, s3, fake, model_dir, 2)
+    group = boto3.client("sagemaker").describe_model_package_group(
+        ModelPackageGroupName="trn-dev-support"
+    )
+    assert [package["ModelApprovalStatus"] for package in packages("trn-dev-support").values()] == [
+        "PendingManualApproval",
+        "PendingManualApproval",
+    ]
+
+    assert promote(trnctl, "support@v1").exit_code == 0
+    assert promote(trnctl, "support@v2", "week 50").exit_code == 0
+    rolled = trnctl("model", "rollback", "support", "--env", "trn-dev", "--reason", "bad")
+
+    assert rolled.exit_code == 0, rolled.stderr
+    found = packages("trn-dev-support")
+    assert {v: p["ModelApprovalStatus"] for v, p in found.items()} == {
+        1: "Approved",
+        2: "Rejected",
+    }
+    assert found[2]["ApprovalDescription"].startswith(f"rejected by {aws.caller_arn()}: ")
+    assert group["ModelPackageGroupDescription"] == (
+        "models/support of the trn-platform environment trn-dev"
+    )
+    for version, package in found.items():
+        assert manifest(s3, version)["sagemaker"] == {
+            "model_package_group": "trn-dev-support",
+            "model_package_arn": package["ModelPackageArn"],
+        }
+    source = found[1]["InferenceSpecification"]["Containers"][0]["ModelDataSource"]
+    assert source["S3DataSource"] == {
+        "S3Uri": f"s3://{BUCKET}/models/support/v1/",
+        "S3DataType": "S3Prefix",
+        "CompressionType": "None",
+    }
+
+
+def test_with_sagemaker_a_staged_model_is_an_approved_package(
+    trnctl: Any, s3: Any, model_dir: Path
+) -> None:
+    sagemaker_env()
+
+    run = trnctl("model", "stage", "--env", "trn-dev", str(model_dir), "base")
+
+    assert run.exit_code == 0, run.stderr
+    (package,) = packages("trn-dev-base").values()
+    assert package["ModelApprovalStatus"] == "Approved"
+    assert package["CustomerMetadataProperties"]["trn-platform-version"] == "models/base@v1"
+
+
+def test_without_sagemaker_nothing_reaches_sagemaker(
+    trnctl: Any, s3: Any, fake: FakeKube, model_dir: Path
+) -> None:
+    registered(trnctl, s3, fake, model_dir, 1)
+    assert promote(trnctl, "support@v1").exit_code == 0
+
+    listed = boto3.client("sagemaker").list_model_package_groups()
+
+    assert listed["ModelPackageGroupSummaryList"] == []
+    assert "sagemaker" not in manifest(s3, 1)
+
+
+def _api_pattern(shape: str) -> Any:
+    """The pattern the SageMaker API gives ``shape`` (botocore's service model), compiled with
+    the regex module, which knows the \\p{...} classes Python's re does not."""
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return regex.compile(f"^(?:{model.shape_for(shape).metadata['pattern']})$")
+
+
+@pytest.mark.parametrize(
+    ("environment", "model", "expected"),
+    [
+        ("trn-dev", "support", "trn-dev-support"),
+        ("trn-dev", "llama-3.2-1b", "trn-dev-llama-3-2-1b-"),
+        ("trn-dev", "m" * 63, "trn-dev-" + "m" * 46 + "-"),
+    ],
+)
+def test_group_names_are_entity_names_and_distinct(
+    environment: str, model: str, expected: str
+) -> None:
+    name = sagemaker_registry.group_name(environment, model)
+
+    assert name.startswith(expected)
+    assert _api_pattern("EntityName").match(name)
+    assert len(name) <= sagemaker_registry.MAX_ENTITY_NAME
+    assert name != sagemaker_registry.group_name(environment, model.replace(".", "-") + "x")
+
+
+def test_package_metadata_and_tokens_are_what_the_api_accepts() -> None:
+    record = {
+        "created_by": "arn:aws:sts::123456789012:assumed-role/ops/jane@example.com",
+        "lineage": {
+            "base_model": "models/llama/v1",
+            "dataset": "datasets/tickets/v3",
+            "job": "ft-1",
+            "dataset_manifest_sha256": "ab" * 32,
+        },
+        "evaluation": {"eval_data": "datasets/eval/v1", "candidate": {"loss": 1.5}},
+    }
+
+    found = sagemaker_registry.metadata(REF.at(2), record, f"s3://{BUCKET}/models/support/v2/")
+    long = sagemaker_registry.metadata(REF.at(2), {"created_by": "é(x)" * 100}, "s3://b/p/")
+    token = sagemaker_registry.client_token("trn-dev", REF.at(2))
+
+    assert found["base-model"] == "models/llama/v1" and found["eval-loss"] == "1.5"
+    assert long["created-by"] == "é-x-" * 64
+    for metadata in (found, long):
+        for key, value in metadata.items():
+            assert _api_pattern("CustomerMetadataKey").match(key)
+            assert _api_pattern("CustomerMetadataValue").match(value)
+    assert _api_pattern("ClientToken").match(token) and len(token) <= 36
+    assert token != sagemaker_registry.client_token("trn-dev", REF.at(3))

@@ -10,11 +10,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import (
     aws,
     jobs,
     models,
     registry,
+    sagemaker_registry,
     transfer,
     versioning,
 )
@@ -33,6 +35,21 @@ app = typer.Typer(
 ReasonOption = Annotated[
     str, typer.Option("--reason", help="Why: recorded in the manifest's history with who.")
 ]
+
+
+def _sagemaker(outputs: EnvironmentOutputs) -> Any | None:
+    """A SageMaker client where the environment mirrors its registry there, else None."""
+    return (
+        aws.client("sagemaker", outputs.region) if outputs.model_registry == "sagemaker" else None
+    )
+
+
+def _mirror(
+    outputs: EnvironmentOutputs, s3: Any, ref: versioning.Ref, record: dict[str, Any]
+) -> None:
+    sagemaker_registry.mirror(
+        _sagemaker(outputs), s3, outputs.environment, outputs.datasets_bucket, ref, record
+    )
 
 
 @app.command("stage")
@@ -70,6 +87,7 @@ def model_stage(
     staged = registry.stage_dir(
         s3, outputs.datasets_bucket, ref, model, by=aws.caller_arn(outputs.region), upload=upload
     )
+    _mirror(outputs, s3, staged.version, staged.record)
     skipped = f"; left out {', '.join(model.skipped)}" if model.skipped else ""
     version = staged.version
     done = (
@@ -119,6 +137,7 @@ def model_register(
         lineage=jobs.lineage(source),
         reason=reason,
     )
+    _mirror(outputs, s3, staged.version, staged.record)
     what = "already registered as" if staged.reused else "registered"
     common.console().print(
         f"{what} {staged.version} ({staged.record.get('status')}) from {where}; promote it with: "
@@ -226,15 +245,16 @@ def model_promote(
     region: RegionOption = None,
 ) -> None:
     """Promote a version: it goes into service (models/NAME names it in jobs), recorded with
-    who and why."""
+    who and why; SageMaker's package is Approved where the environment mirrors its registry."""
     ref = registry.model_ref(version, "VERSION")
     if ref.version is None:
         raise TrnctlError(f"VERSION {version!r}: name the version to promote, e.g. {ref}@v3")
     outputs = common.outputs_of(env, region)
     s3 = aws.client("s3", outputs.region)
-    _, before = registry.promote(
+    record, before = registry.promote(
         s3, outputs.datasets_bucket, ref, aws.caller_arn(outputs.region), reason
     )
+    _mirror(outputs, s3, ref, record)
     common.console().print(
         f"promoted {ref}: in service now (before: {_label(before)})", soft_wrap=True
     )
@@ -247,7 +267,8 @@ def model_rollback(
     reason: ReasonOption,
     region: RegionOption = None,
 ) -> None:
-    """Reject the version in service; the promoted version below it goes back into service."""
+    """Reject the version in service; the promoted version below it goes back into service
+    (SageMaker's packages follow: Rejected, and the older one still Approved)."""
     ref = registry.model_ref(name, "NAME")
     if ref.version is not None:
         raise TrnctlError(f"NAME {name!r}: rollback takes the model, not a version ({ref.root})")
@@ -255,6 +276,7 @@ def model_rollback(
     s3 = aws.client("s3", outputs.region)
     bucket = outputs.datasets_bucket
     rolled, now = registry.rollback(s3, bucket, ref, aws.caller_arn(outputs.region), reason)
+    _mirror(outputs, s3, rolled, registry.complete_record(s3, bucket, rolled))
     common.console().print(
         f"rolled back {rolled} (rejected); in service now: {_label(now)}", soft_wrap=True
     )
