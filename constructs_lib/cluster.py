@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aws_cdk import RemovalPolicy
+import jsii
+from aws_cdk import IStableStringProducer, Lazy, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -20,6 +21,7 @@ from constructs_lib._common import (
     acknowledge_managed_policies,
     acknowledge_wildcards,
     launch_template,
+    launch_template_data,
     worker_node_role,
 )
 from constructs_lib._eks import (
@@ -39,12 +41,26 @@ from constructs_lib.gpu_nodegroup import GpuNodeGroup
 from constructs_lib.plugins import KUBE_SCHEDULER_IMAGE, NeuronPlugins
 from constructs_lib.plugins import neuron_values as neuron_values
 from constructs_lib.plugins import nvidia_device_plugin_values as nvidia_device_plugin_values
-from constructs_lib.trainium_nodegroup import TrainiumNodeGroup, efa_security_group
+from constructs_lib.trainium_nodegroup import (
+    NAME_PREFIX,
+    TrainiumNodeGroup,
+    efa_security_group,
+    nodegroup_digest,
+)
 from trn_catalog import devices as device_modes
 from trn_catalog import formats, ultraservers, versions
 
 NODE_BOOTSTRAP_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 WORKSPACE_ADDONS = (MOUNTPOINT_ADDON,)
+# The system node group's launch template data (with IMDSv2 and the stack's tags added).
+SYSTEM_LAUNCH_DATA: dict[str, Any] = {
+    "BlockDeviceMappings": [
+        {
+            "DeviceName": "/dev/xvda",
+            "Ebs": {"VolumeSize": 100, "VolumeType": "gp3", "Encrypted": True},
+        }
+    ],
+}
 # Add-ons that call AWS: their Pod Identity role (construct id) and AWS-managed policies.
 ADDON_ROLES = {
     "vpc-cni": ("VpcCni", ("AmazonEKS_CNI_Policy",)),
@@ -72,6 +88,13 @@ class NeuronClusterProps:
         system_instance_type: system node group type (on-demand, AL2023 standard). Default
             m7i.xlarge.
         system_nodes: system node count, 2 to 10. Default 2.
+        system_name_prefix: the system node group is named ``<system_name_prefix>-<8 hex
+            digits>``, a digest of its create-only properties and its launch template, so that
+            a launch template change (a new stack tag, which its instance tags carry) makes a
+            new group under a new name: CloudFormation refuses a node group update that changes
+            the launch template version together with anything else, the group's and the
+            stack's tags included. At most 54 letters, digits, '-' or '_'. Default None:
+            CloudFormation names the group, and such a change must be deployed alone.
         secrets_key: KMS key for envelope encryption of Secrets. Default: a new rotating key.
         removal_policy: for the cluster's Secrets key. Default RETAIN, as aws-cdk-lib keeps
             keys.
@@ -94,6 +117,7 @@ class NeuronClusterProps:
     public_endpoint_cidrs: Sequence[str] = ()
     system_instance_type: str = "m7i.xlarge"
     system_nodes: int = 2
+    system_name_prefix: str | None = None
     secrets_key: kms.IKey | None = None
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
     neuron_scheduler_tag: str | None = None
@@ -123,9 +147,9 @@ class NeuronCluster(Construct):
 
     Raises:
         ValueError: a malformed or open public CIDR, a malformed admin role ARN, system_nodes
-            outside 2..10, a ``neuron_scheduler_tag`` of another Kubernetes minor version, or
-            ``devices='dra'`` with a Kubernetes ``version`` before 1.34 (and every error of
-            :class:`NeuronPlugins`).
+            outside 2..10, a malformed ``system_name_prefix``, a ``neuron_scheduler_tag`` of
+            another Kubernetes minor version, or ``devices='dra'`` with a Kubernetes
+            ``version`` before 1.34 (and every error of :class:`NeuronPlugins`).
     """
 
     def __init__(
@@ -333,21 +357,22 @@ class NeuronCluster(Construct):
         )
         return role
 
+    def system_replacement_digest(self) -> str:
+        """A digest of what replaces the system node group: its create-only properties and its
+        launch template; call it at synth."""
+        cfn = self.system_nodegroup.node.default_child
+        assert isinstance(cfn, eks.CfnNodegroup)
+        data = launch_template_data(self, SYSTEM_LAUNCH_DATA)
+        return nodegroup_digest(cfn, {"LaunchTemplateData": Stack.of(self).resolve(data)})
+
     def _system_nodegroup(self, subnets: ec2.SubnetSelection) -> eks.Nodegroup:
-        template = launch_template(
-            self,
-            "SystemLaunchTemplate",
-            {
-                "BlockDeviceMappings": [
-                    {
-                        "DeviceName": "/dev/xvda",
-                        "Ebs": {"VolumeSize": 100, "VolumeType": "gp3", "Encrypted": True},
-                    }
-                ],
-            },
-        )
+        template = launch_template(self, "SystemLaunchTemplate", SYSTEM_LAUNCH_DATA)
+        prefix = self.props.system_name_prefix
         return self.cluster.add_nodegroup_capacity(
             "System",
+            nodegroup_name=(
+                None if prefix is None else Lazy.string(_SystemNodegroupName(self, prefix))
+            ),
             node_role=worker_node_role(self, "SystemNodeRole", "EKS system nodes"),
             instance_types=[ec2.InstanceType(self.props.system_instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
@@ -438,6 +463,12 @@ def _validate(props: NeuronClusterProps) -> None:
         )
     if not 2 <= props.system_nodes <= 10:
         raise ValueError(f"system_nodes {props.system_nodes} is not allowed; use 2 to 10")
+    prefix = props.system_name_prefix
+    if prefix is not None and not NAME_PREFIX.fullmatch(prefix):
+        raise ValueError(
+            f"system_name_prefix {prefix!r} is not allowed; use 1 to 54 letters, digits, '-' "
+            "or '_', starting with a letter or digit (EKS node group names)"
+        )
     minor = props.version.version
     if props.devices == "dra":
         problem = device_modes.kubernetes_problem(minor)
@@ -489,3 +520,13 @@ def _ultraserver_spec(
             "launches into its block and uses the cluster's shared EFA security group"
         )
     return spec
+
+
+@jsii.implements(IStableStringProducer)
+class _SystemNodegroupName:
+    def __init__(self, cluster: NeuronCluster, prefix: str) -> None:
+        self.cluster = cluster
+        self.prefix = prefix
+
+    def produce(self) -> str:
+        return f"{self.prefix}-{self.cluster.system_replacement_digest()}"

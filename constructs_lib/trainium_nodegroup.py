@@ -369,17 +369,16 @@ class TrainiumNodeGroup(Construct):
     def replacement_digest(self) -> str:
         """A digest of what replaces the node group: its create-only properties and its launch
         template (whose version is never updated in place); call it at synth."""
-        stack = Stack.of(self)
         cfn = self.nodegroup.node.default_child
-        facts = {
-            name: stack.resolve(getattr(cfn, _attribute(name))) for name in REPLACING_PROPERTIES
-        }
-        facts["SubnetPlacement"] = _placement(self.props.subnet)
-        facts["LaunchTemplateData"] = stack.resolve(
-            launch_template_data(self, self._launch_data, self.instance_tags)
+        assert isinstance(cfn, eks.CfnNodegroup)
+        launch_data = launch_template_data(self, self._launch_data, self.instance_tags)
+        return nodegroup_digest(
+            cfn,
+            {
+                "SubnetPlacement": _placement(self.props.subnet),
+                "LaunchTemplateData": Stack.of(self).resolve(launch_data),
+            },
         )
-        text = json.dumps(facts, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def _nodegroup(self) -> eks.Nodegroup:
         group = self._new_nodegroup()
@@ -465,6 +464,19 @@ class TrainiumNodeGroup(Construct):
                 **props.labels,
             },
         )
+
+
+def nodegroup_digest(cfn: eks.CfnNodegroup, facts: Mapping[str, Any]) -> str:
+    """8 hexadecimal digits of a digest of what replaces node group ``cfn``: its create-only
+    properties but its name (:data:`REPLACING_PROPERTIES`) and ``facts`` (resolved values, such
+    as its launch template's data, whose version CloudFormation will not update together with
+    anything else); call it at synth, from a Lazy value."""
+    stack = Stack.of(cfn)
+    resolved = {
+        name: stack.resolve(getattr(cfn, _attribute(name))) for name in REPLACING_PROPERTIES
+    }
+    text = json.dumps({**resolved, **facts}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 @jsii.implements(IStableStringProducer)

@@ -48,6 +48,7 @@ class ClusterStack(Stack):
                 subnets=network.private_subnets,
                 kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
                 cluster_name=config.name,
+                system_name_prefix=f"{config.name}-system",
                 admin_role_arn=config.admin_role_arn,
                 removal_policy=removal_policy(config),
                 devices=config.devices,

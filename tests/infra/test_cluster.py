@@ -687,6 +687,11 @@ def neuron_cluster(**overrides: Any) -> NeuronCluster:
         ),
         ({"system_nodes": 1}, r"system_nodes 1 is not allowed; use 2 to 10"),
         (
+            {"system_name_prefix": "-system"},
+            r"system_name_prefix '-system' is not allowed; use 1 to 54 letters, digits, '-' or "
+            r"'_', starting with a letter or digit",
+        ),
+        (
             {"neuron_scheduler_tag": "v1.31.12-eks-1-31-30"},
             r"neuron_scheduler_tag 'v1\.31\.12-eks-1-31-30' is not a kube-scheduler of "
             r"Kubernetes 1\.35, the control plane's version; use a v1\.35\.x tag of "
@@ -697,6 +702,33 @@ def neuron_cluster(**overrides: Any) -> NeuronCluster:
 def test_cluster_rejects_bad_props(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         neuron_cluster(**overrides)
+
+
+def system_group_name(cluster: NeuronCluster) -> Any:
+    (group,) = [
+        r["Properties"]
+        for r in cdk.assertions.Template.from_stack(cdk.Stack.of(cluster))
+        .to_json()["Resources"]
+        .values()
+        if r["Type"] == "AWS::EKS::Nodegroup"
+    ]
+    return group.get("NodegroupName")
+
+
+def test_a_tag_added_later_makes_a_new_system_node_group() -> None:
+    """A new stack tag (the platform's project tag, added to a deployed environment) reaches
+    the system nodes' launch template: CloudFormation would refuse to update that version
+    together with the group's tags, so the group takes a new name and is replaced. Without
+    ``system_name_prefix`` CloudFormation names the group."""
+    first = system_group_name(neuron_cluster(system_name_prefix="trn-dev-system"))
+    assert re.fullmatch(r"trn-dev-system-[0-9a-f]{8}", first)
+    assert system_group_name(neuron_cluster(system_name_prefix="trn-dev-system")) == first
+    tagged = neuron_cluster(system_name_prefix="trn-dev-system")
+    cdk.Tags.of(cdk.Stack.of(tagged)).add("trn-platform:project", "nlp")
+    assert system_group_name(tagged) not in (first, None)
+    bigger = neuron_cluster(system_name_prefix="trn-dev-system", system_instance_type="m7i.2xlarge")
+    assert system_group_name(bigger) != first
+    assert system_group_name(neuron_cluster()) is None
 
 
 THEIR_NODE_ROLE = "arn:aws:iam::123456789012:role/their-trn-nodes"

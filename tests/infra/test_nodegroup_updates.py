@@ -25,10 +25,13 @@ from tests.conftest import VARIANTS, Synth, context_with, synthesize
 
 RESERVATION = "cr-0123456789abcdef7"
 # Context changes that touch a node group, beside the shared variants (tests/conftest.py): LNC
-# with a new size (labels, user data and scaling at once), another type, and GPU groups changed
-# together with the trn group's LNC or with their own reservation.
+# with a new size (labels, user data and scaling at once), another type, GPU groups changed
+# together with the trn group's LNC or with their own reservation, and a project added later
+# (its tag goes on every node group, on the stacks and into each launch template's instance
+# and volume tags).
 CHANGED: dict[str, dict[str, str]] = {
     "lnc-and-size": {"lnc": "1", "trn_nodes": "4"},
+    "project": {"project": "nlp"},
     "trn2": {"instance_type": "trn2.48xlarge"},
     "gpu-and-lnc": {"gpu_instance_type": "p5.48xlarge", "gpu_nodes": "1", "lnc": "1"},
     "gpu-odcr": {
