@@ -47,6 +47,7 @@ from trainer.config import PRESETS, TrainConfig
 from trainer.device import measured_cpu_matmul_flops
 from trainer.loop import train
 from trainer.model import GPT
+from trainer.model_spec import model_config
 
 WARMUP, MEASURED = 2, 4  # steps per round; the trainer logs every 2 so warm-up is its own record
 GOALS = {
@@ -75,7 +76,7 @@ def trainer_round(data_dir: Path, work: Path, peak: float) -> tuple[float, float
     train(cfg)
     steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
     seconds = sum(r["step_time_s"] * 2 for r in steady)
-    tokens_per_s = len(steady) * 2 * cfg.batch_per_rank * cfg.model.seq_len / seconds
+    tokens_per_s = len(steady) * 2 * cfg.batch_per_rank * model_config(cfg).seq_len / seconds
     return tokens_per_s, statistics.mean(r["mfu"] for r in steady)
 
 

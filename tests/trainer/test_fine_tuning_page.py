@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import ROOT
-from trainer import cli, config, device, lora
+from trainer import cli, config, device, lora, model_spec
 
 PAGE = ROOT / "docs" / "fine-tuning.md"
 # The devices the table's frozen-weights row names, and the backend each runs on.
@@ -99,4 +99,5 @@ def test_the_shown_settings_line_is_what_such_a_run_prints() -> None:
     cfg = cli.train_config(cli._parser().parse_args(args))
 
     # A trn node's run: FSDP over its NeuronCores runs eager (see device.NeuronBackend).
-    assert shown == cfg.settings(frozen_dtype="bf16", compile_backend=None)
+    lora_of_run = model_spec.lora_spec(cfg)
+    assert shown == model_spec.settings(cfg, lora_of_run, frozen_dtype="bf16", compile_backend=None)

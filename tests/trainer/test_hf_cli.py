@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trainer import checkpoint, cli, hf
 from trainer.checkpoint import Checkpointer, CheckpointError, RunConfigError, S3Store
 from trainer.model import GPT
+from trainer.model_spec import model_config
 
 SEQ = hf_tiny.SEQ_LEN
 _run = functools.partial(hf_tiny.run_args, lr="3e-3", max_steps="4")
@@ -139,11 +140,12 @@ def test_model_runs_default_to_fine_tuning_settings(tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path)
     cfg = cli.train_config(cli._parser().parse_args(["run", "--data", "d", "--model", str(source)]))
     assert (cfg.batch_per_rank, cfg.peak_lr, cfg.parallelism) == (1, 2e-5, "fsdp")
-    assert cfg.model.seq_len == 64  # min(2048, max_position_embeddings)
+    assert model_config(cfg).seq_len == 64  # min(2048, max_position_embeddings)
     preset = cli.train_config(cli._parser().parse_args(["run", "--data", "d"]))
-    assert (preset.preset, preset.batch_per_rank, preset.model.seq_len) == ("tiny", 8, 64)
+    assert (preset.preset, preset.batch_per_rank, model_config(preset).seq_len) == ("tiny", 8, 64)
     longer = cli.train_config(cli._parser().parse_args(["run", "--data", "d", "--seq-len", "96"]))
-    assert longer.model.seq_len == 96 and longer.model.d_model == preset.model.d_model
+    assert model_config(longer).seq_len == 96
+    assert model_config(longer).d_model == model_config(preset).d_model
 
 
 BAD_TOKENS = [

@@ -17,7 +17,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tests.tolerance import assert_fp32_close
-from trainer import checkpoint, cli, hf, lora, metrics
+from trainer import checkpoint, cli, hf, lora, metrics, model_spec
 from trainer.checkpoint import CheckpointError, RunConfigError
 
 SEQ = hf_tiny.SEQ_LEN
@@ -192,7 +192,7 @@ def test_trnctl_s_lora_arguments_make_a_lora_run() -> None:
 
     argv = jobs.TrainingArgs(None, "d", model="m", lora_rank=16, lora_alpha=32.0).argv("ft-1")
     cfg = cli.train_config(cli._parser().parse_args(["run", *argv]))
-    assert cfg.lora == lora.LoraSpec(16, 32.0, lora.DEFAULT_TARGETS)
+    assert model_spec.lora_spec(cfg) == lora.LoraSpec(16, 32.0, lora.DEFAULT_TARGETS)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import torch
 
 from trainer import cli, device, hf, loop, lora, metrics, parallel
 from trainer.config import TrainConfig
+from trainer.model_spec import lora_spec, resolve
 
 _run = functools.partial(hf_tiny.run_args, lr="0", max_steps="2")
 
@@ -32,9 +33,9 @@ def _config(*flags: str) -> TrainConfig:
 def test_lora_defaults_and_full_fine_tuning_defaults(tiny: Path) -> None:
     tuned = _config("--model", str(tiny), "--lora-rank", "8")
     assert (tuned.peak_lr, tuned.decay) == (2e-4, 0.0)
-    assert tuned.lora == lora.LoraSpec(8, 8.0, lora.TARGETS)
+    assert lora_spec(tuned) == lora.LoraSpec(8, 8.0, lora.TARGETS)
     full = _config("--model", str(tiny))
-    assert (full.peak_lr, full.decay, full.lora) == (2e-5, 0.1, None)
+    assert (full.peak_lr, full.decay, lora_spec(full)) == (2e-5, 0.1, None)
     mine = _config(
         "--model", str(tiny), "--lora-rank", "8", "--lr", "1e-3", "--weight-decay", "0.01"
     )
@@ -76,7 +77,7 @@ class _Bf16Cpu(device.Backend):
 def test_the_frozen_base_is_bf16_where_the_backend_autocasts(tiny: Path) -> None:
     cfg = _config("--model", str(tiny), "--lora-rank", "2", "--seq-len", "16", "--device", "cpu")
     backend = _Bf16Cpu(compile_backend="none").start()
-    model, forward = loop.build_model(cfg, parallel.Ranks(), backend)
+    model, forward = loop.build_model(cfg, resolve(cfg), parallel.Ranks(), backend)
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     adapters = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -107,5 +108,6 @@ def test_the_frozen_base_is_bf16_where_the_backend_autocasts(tiny: Path) -> None
 
 def test_full_fine_tuning_casts_nothing(tiny: Path) -> None:
     cfg = _config("--model", str(tiny), "--seq-len", "16", "--device", "cpu")
-    model, _ = loop.build_model(cfg, parallel.Ranks(), _Bf16Cpu(compile_backend="none").start())
+    backend = _Bf16Cpu(compile_backend="none").start()
+    model, _ = loop.build_model(cfg, resolve(cfg), parallel.Ranks(), backend)
     assert {p.dtype for p in model.parameters()} == {torch.float32}

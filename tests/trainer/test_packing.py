@@ -18,6 +18,7 @@ from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.config import ModelConfig, TrainConfig
 from trainer.loop import train
 from trainer.model import GPT
+from trainer.model_spec import model_config
 
 IDENTITY = {"tokenizer": "test", "tokenizer_sha256": "0" * 64, "eos_token_id": 0}
 LENGTHS = [3, 17, 40, 9, 64, 5, 30, 22, 11, 70, 2, 48, 13, 26, 7, 35, 19, 44, 6, 28]
@@ -265,7 +266,7 @@ def test_the_step_loss_is_the_mean_over_trained_targets_with_padding_left_out(
         data.open_dataset(root), seq_len=32, micro_batch=2, seed=5, grad_accum=2
     )
     torch.manual_seed(5)
-    model = GPT(TrainConfig(seq_len=32).model)
+    model = GPT(model_config(TrainConfig(seq_len=32)))
     total, count = 0.0, 0
     with torch.no_grad():
         for micro in (0, 1):

@@ -13,6 +13,7 @@ import torch
 from trainer import cli, metrics, model
 from trainer.config import AUTO_CHECKPOINT_PARAMS, TrainConfig
 from trainer.loop import train
+from trainer.model_spec import model_config
 
 STEPS = 2
 
@@ -54,7 +55,7 @@ def test_checkpointed_blocks_run_again_in_backward_with_the_same_losses(
 ) -> None:
     calls = _counting_blocks(monkeypatch)
     plain = _run(corpus_dir, tmp_path / "off.jsonl", "off", grad_accum=2)
-    layers = TrainConfig().model.n_layer
+    layers = model_config(TrainConfig()).n_layer
     assert len(calls) == STEPS * 2 * layers  # one forward per block and micro-step
     calls.clear()
     checkpointed = _run(corpus_dir, tmp_path / "on.jsonl", "on", grad_accum=2)

@@ -66,16 +66,20 @@ class CausalLM:
 
 
 def build(
-    cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks, backend: device.Backend
+    cfg: TrainConfig,
+    seq_len: int,
+    dataset: Dataset,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
 ) -> CausalLM:
-    """The task of ``cfg`` on ``dataset`` for this rank: its training sampler
+    """The task of ``cfg`` on ``dataset`` in rows of ``seq_len`` for this rank: its training sampler
     (:func:`training_sampler`) and, when eval is on, its held-out one (:func:`eval_sampler`).
 
     Raises:
         ValueError: see :func:`training_sampler` and :func:`eval_sampler`.
     """
-    sampler = training_sampler(cfg, dataset, ranks)
-    held_out = eval_sampler(cfg, dataset, ranks)
+    sampler = training_sampler(cfg, seq_len, dataset, ranks)
+    held_out = eval_sampler(cfg, seq_len, dataset, ranks)
     return CausalLM(
         sampler,
         held_out,
@@ -88,16 +92,18 @@ def build(
     )
 
 
-def training_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler:
-    """This rank's sampler of the training split: packed rows of whole examples for a dataset
-    of examples (:class:`~trainer.packing.PackedSampler`), windows of a token stream
-    (:class:`~trainer.data.WindowSampler`) otherwise.
+def training_sampler(
+    cfg: TrainConfig, seq_len: int, dataset: Dataset, ranks: parallel.Ranks
+) -> Sampler:
+    """This rank's sampler of the training split in rows of ``seq_len``: packed rows of whole
+    examples for a dataset of examples (:class:`~trainer.packing.PackedSampler`), windows of a
+    token stream (:class:`~trainer.data.WindowSampler`) otherwise.
 
     Raises:
         ValueError: ``cfg.epochs`` with a token stream; no example or shard fits a row.
     """
     options: dict[str, Any] = {
-        "seq_len": cfg.model.seq_len,
+        "seq_len": seq_len,
         "micro_batch": cfg.batch_per_rank,
         "seed": cfg.seed,
         "rank": ranks.rank,
@@ -123,13 +129,15 @@ def total_steps(cfg: TrainConfig, sampler: Sampler) -> int:
     return cfg.steps
 
 
-def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> Sampler | None:
-    """The sampler of the held-out split when ``cfg.eval_every`` asks for eval, None when eval
-    is off. A split of examples: every example once, packed in their stored order into rows of
-    which each eval batch gives this rank its ``cfg.batch_per_rank`` (:func:`eval_batches` of
-    them cover the split), the rows `trn-train eval` reads. A token stream: this rank's rows of
-    each of the batches ``0 .. eval_batches - 1``, drawn with ``cfg.seed``. The same batches at
-    every eval.
+def eval_sampler(
+    cfg: TrainConfig, seq_len: int, dataset: Dataset, ranks: parallel.Ranks
+) -> Sampler | None:
+    """The sampler of the held-out split in rows of ``seq_len`` when ``cfg.eval_every`` asks
+    for eval, None when eval is off. A split of examples: every example once, packed in their
+    stored order into rows of which each eval batch gives this rank its ``cfg.batch_per_rank``
+    (:func:`eval_batches` of them cover the split), the rows `trn-train eval` reads. A token
+    stream: this rank's rows of each of the batches ``0 .. eval_batches - 1``, drawn with
+    ``cfg.seed``. The same batches at every eval.
 
     Raises:
         ValueError: eval is on but the dataset has no held-out split, or one too short for a
@@ -144,7 +152,7 @@ def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> S
             "(prepare-data --tokenizer ... --eval-fraction F writes one)"
         )
     options: dict[str, Any] = {
-        "seq_len": cfg.model.seq_len,
+        "seq_len": seq_len,
         "micro_batch": cfg.batch_per_rank,
         "seed": cfg.seed,
         "rank": ranks.rank,
@@ -157,7 +165,7 @@ def eval_sampler(cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks) -> S
     except ValueError as error:
         raise ValueError(
             f"the held-out split of {dataset.root} has nothing for a row of seq_len "
-            f"{cfg.model.seq_len} ({error}); prepare the data with a larger --eval-fraction"
+            f"{seq_len} ({error}); prepare the data with a larger --eval-fraction"
         ) from None
 
 

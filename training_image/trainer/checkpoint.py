@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     from trainer.config import TrainConfig
+    from trainer.model_spec import ModelSpec
 
 META = "meta.json"
 MODEL_FILES = "model"  # the folder, in a checkpoint, of the model directory's carried files
@@ -942,6 +943,7 @@ def _crc32(path: Path) -> int:
 
 def run_config(
     cfg: TrainConfig,
+    spec: ModelSpec,
     *,
     world_size: int,
     manifest_sha256: str,
@@ -975,9 +977,9 @@ def run_config(
     if model_id is not None:
         run["model"] = model_id
     if model_id is not None or cfg.seq_len:
-        run["seq_len"] = cfg.model.seq_len
-    if cfg.lora is not None:
-        run["lora"] = cfg.lora.as_dict()
+        run["seq_len"] = spec.config.seq_len
+    if spec.lora is not None:
+        run["lora"] = spec.lora.as_dict()
     return run
 
 

@@ -611,7 +611,8 @@ def compile_config(args: argparse.Namespace) -> TrainConfig:
     steps, no checkpoints (neither written nor resumed), no metrics, no progress bar.
 
     Raises:
-        ValueError: the flags do not make a valid run (see :meth:`TrainConfig.validate`).
+        ValueError: the flags do not make a valid run (see
+            :func:`trainer.model_spec.resolve`).
     """
     cfg = dataclasses.replace(
         train_config(args),
@@ -622,7 +623,9 @@ def compile_config(args: argparse.Namespace) -> TrainConfig:
         metrics="",
         progress=False,
     )
-    cfg.validate()
+    from trainer import model_spec
+
+    model_spec.resolve(cfg)
     return cfg
 
 

@@ -1,14 +1,11 @@
-"""Model presets and the one training config dataclass."""
+"""Model presets and the one training config dataclass: plain data, which imports no other
+trainer module. What its fields name (a Hugging Face model directory's ``config.json``, the
+LoRA spec) is read by :func:`trainer.model_spec.resolve`."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from trainer.lora import LoraSpec
+from typing import Literal
 
 Parallel = Literal["ddp", "fsdp"]
 ACTIVATION_CHECKPOINTING = ("on", "off", "auto")
@@ -183,16 +180,17 @@ class TrainConfig:
     or of ``eval_batches`` (8) held-out batches of a token stream).
 
     ``model_dir`` (a Hugging Face model directory) replaces the preset: the architecture comes
-    from its ``config.json`` and the first weights from its safetensors; micro batch, learning
-    rate and parallelism then default to :data:`MODEL_DEFAULTS`. ``seq_len`` 0 keeps the
-    preset's, or with ``model_dir`` takes :data:`MODEL_SEQ_LEN` capped at the model's
-    ``max_position_embeddings``.
+    from its ``config.json`` (see :func:`trainer.model_spec.model_config`) and the first
+    weights from its safetensors; micro batch, learning rate and parallelism then default to
+    :data:`MODEL_DEFAULTS`. ``seq_len`` 0 keeps the preset's, or with ``model_dir`` takes
+    :data:`MODEL_SEQ_LEN` capped at the model's ``max_position_embeddings``.
 
     ``lora_rank`` (default None: full fine-tuning) trains LoRA adapters of that rank on the
     ``model_dir`` model's ``lora_targets`` (a comma list; default every linear projection of a
     block: q, k, v, o, gate, up and down) with its weights frozen, scaled by
     ``lora_alpha / lora_rank`` (``lora_alpha`` defaults to the rank), at a peak learning rate
-    of :data:`LORA_LR` unless ``lr`` says otherwise; see :mod:`trainer.lora`.
+    of :data:`LORA_LR` unless ``lr`` says otherwise; see :mod:`trainer.lora` and
+    :func:`trainer.model_spec.lora_spec`.
 
     ``activation_checkpointing``: ``on`` recomputes each transformer block's forward in backward
     instead of keeping its activations, ``off`` keeps them, ``auto`` (default) is ``on`` for
@@ -234,32 +232,6 @@ class TrainConfig:
     lora_targets: str | None = None
     activation_checkpointing: str = "auto"
 
-    @functools.cached_property
-    def model(self) -> ModelConfig:
-        """The preset's model, or the one ``model_dir``'s ``config.json`` describes.
-
-        Raises:
-            trainer.hf.HFConfigError: ``config.json`` is missing, unreadable or describes a
-                model this trainer does not implement.
-        """
-        if self.model_dir:
-            from trainer import hf
-
-            return hf.model_config(self.model_dir, seq_len=self.seq_len or None)
-        model = preset(self.preset).model
-        return dataclasses.replace(model, seq_len=self.seq_len) if self.seq_len else model
-
-    @property
-    def lora(self) -> LoraSpec | None:
-        """The LoRA settings, or None for full fine-tuning.
-
-        Raises:
-            ValueError: see :func:`trainer.lora.spec`.
-        """
-        from trainer import lora
-
-        return lora.spec(self.lora_rank, self.lora_alpha, self.lora_targets, self.model_dir)
-
     @property
     def _defaults(self) -> RunDefaults | Preset:
         return MODEL_DEFAULTS if self.model_dir else preset(self.preset)
@@ -281,23 +253,6 @@ class TrainConfig:
         if self.weight_decay is not None:
             return self.weight_decay
         return LORA_WEIGHT_DECAY if self.lora_rank is not None else WEIGHT_DECAY
-
-    def settings(
-        self, *, frozen_dtype: str | None, compile_backend: str | None
-    ) -> dict[str, object]:
-        """What the run trains with where flags may leave it to defaults, as the run prints it
-        at start and records it in its metrics header: peak learning rate, weight decay, the
-        LoRA rank, alpha and targets (None for full fine-tuning), with LoRA the dtype the
-        frozen weights are kept in (``frozen_dtype``; adapters and their AdamW state are FP32),
-        and the ``torch.compile`` backend the device runs (``none``: eager)."""
-        lora = self.lora
-        return {
-            "lr": self.peak_lr,
-            "weight_decay": self.decay,
-            "lora": None if lora is None else lora.as_dict(),
-            "frozen_dtype": frozen_dtype if lora is not None else None,
-            "compile": compile_backend or "none",
-        }
 
     @property
     def steps(self) -> int:
@@ -326,8 +281,8 @@ class TrainConfig:
             return num_params > AUTO_CHECKPOINT_PARAMS
         return self.activation_checkpointing == "on"
 
-    def validate(self) -> None:
-        """Checks the values that the loop cannot recover from.
+    def validate_model_fields(self) -> None:
+        """Checks the fields that choose the model's shape: ``preset`` and ``seq_len``.
 
         Raises:
             ValueError: naming the field, its value and what is allowed.
@@ -335,8 +290,15 @@ class TrainConfig:
         preset(self.preset)
         if self.seq_len < 0:
             raise ValueError(f"seq_len must be >= 0 (0: the default), got {self.seq_len}")
-        _ = self.model  # a bad config.json or seq_len fails here, before any work
-        _ = self.lora
+
+    def validate(self) -> None:
+        """Checks the values that the loop cannot recover from (the model directory and the LoRA
+        flags are checked as :func:`trainer.model_spec.resolve` reads them).
+
+        Raises:
+            ValueError: naming the field, its value and what is allowed.
+        """
+        self.validate_model_fields()
         if not self.data:
             raise ValueError("data must name a directory made by `trn-train prepare-data`")
         for name in ("steps", "grad_accum", "log_every", "keep_checkpoints"):

@@ -38,12 +38,13 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from trainer import causal_lm, device, emf, hf, lora, optim, parallel, tokenizing
+from trainer import causal_lm, device, emf, hf, lora, model_spec, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
-from trainer.config import TrainConfig
+from trainer.config import ModelConfig, TrainConfig
 from trainer.data import Dataset, ShardError, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
 from trainer.model import GPT
+from trainer.model_spec import ModelSpec
 from trainer.task import Batch, Forward, Task
 
 
@@ -112,32 +113,32 @@ def _model_label(cfg: TrainConfig) -> str:
     return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
 
 
-def _num_params(cfg: TrainConfig) -> int:
-    """The preset's parameter count, from a model on the meta device (no memory, no init)."""
+def _num_params(model: ModelConfig) -> int:
+    """The model's parameter count, from a model on the meta device (no memory, no init)."""
     with torch.device("meta"):
-        return GPT(cfg.model).num_params()
+        return GPT(model).num_params()
 
 
-def flops_per_token(cfg: TrainConfig) -> float:
-    """Training FLOPs per token of ``cfg``'s model (see
+def flops_per_token(spec: ModelSpec) -> float:
+    """Training FLOPs per token of ``spec``'s model (see
     :func:`trainer.metrics.train_flops_per_token`), counted on a model on the meta device with
     the run's LoRA adapters: the embedding lookups
     (learned positions, and the input embedding unless it is the tied output head) are not
     matrix products; a LoRA run trains the adapters only."""
     with torch.device("meta"):
-        gpt = GPT(cfg.model)
-        if cfg.lora is not None:
-            lora.apply(gpt, cfg.model, cfg.lora)
+        gpt = GPT(spec.config)
+        if spec.lora is not None:
+            lora.apply(gpt, spec.config, spec.lora)
     lookups = {id(gpt.pos.weight)} if gpt.pos is not None else set()
-    if not cfg.model.tie_embeddings:
+    if not spec.config.tie_embeddings:
         lookups.add(id(gpt.tok.weight))
     products = [p for p in gpt.parameters() if id(p) not in lookups]
     return train_flops_per_token(
         matmul_params=sum(p.numel() for p in products),
         trained_params=sum(p.numel() for p in products if p.requires_grad),
-        layers=cfg.model.n_layer,
-        width=cfg.model.d_model,
-        seq_len=cfg.model.seq_len,
+        layers=spec.config.n_layer,
+        width=spec.config.d_model,
+        seq_len=spec.config.seq_len,
     )
 
 
@@ -147,22 +148,22 @@ def _fsdp_sharded(cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backe
     return ranks.distributed and cfg.parallelism == "fsdp" and backend.reduces_in_backward
 
 
-def _initial_model(cfg: TrainConfig, backend: device.Backend) -> GPT:
+def _initial_model(cfg: TrainConfig, spec: ModelSpec, backend: device.Backend) -> GPT:
     """The model as training starts: ``cfg.model_dir``'s weights or the preset's random ones
-    (drawn with ``cfg.seed``), with LoRA adapters when ``cfg.lora`` asks (drawn after) and its
+    (drawn with ``cfg.seed``), with LoRA adapters when ``spec.lora`` asks (drawn after) and its
     frozen weights in the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
     torch.manual_seed(cfg.seed)
-    gpt = hf.load_pretrained(cfg.model_dir, cfg.model) if cfg.model_dir else GPT(cfg.model)
-    if cfg.lora is not None:
-        _with_adapters(gpt, cfg, backend)
+    gpt = hf.load_pretrained(cfg.model_dir, spec.config) if cfg.model_dir else GPT(spec.config)
+    if spec.lora is not None:
+        _with_adapters(gpt, spec, backend)
     return gpt
 
 
-def _with_adapters(gpt: GPT, cfg: TrainConfig, backend: device.Backend) -> None:
-    """``cfg.lora``'s adapters on ``gpt`` (the optimizer then sees them only) and the frozen
+def _with_adapters(gpt: GPT, spec: ModelSpec, backend: device.Backend) -> None:
+    """``spec.lora``'s adapters on ``gpt`` (the optimizer then sees them only) and the frozen
     weights cast to the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
-    assert cfg.lora is not None
-    lora.apply(gpt, cfg.model, cfg.lora)
+    assert spec.lora is not None
+    lora.apply(gpt, spec.config, spec.lora)
     dtype = backend.frozen_dtype()
     if dtype is not None:
         lora.cast_frozen(gpt, dtype)
@@ -170,12 +171,13 @@ def _with_adapters(gpt: GPT, cfg: TrainConfig, backend: device.Backend) -> None:
 
 def build_model(
     cfg: TrainConfig,
+    spec: ModelSpec,
     ranks: parallel.Ranks,
     backend: device.Backend,
     *,
     activation_checkpointing: bool = False,
 ) -> tuple[torch.nn.Module, Forward]:
-    """The model wrapped for data parallelism and its forward (see
+    """``spec``'s model wrapped for data parallelism and its forward (see
     :func:`trainer.parallel.wrap`).
 
     A ``--model`` run on several FSDP2 ranks never holds the full weights on a rank but rank 0:
@@ -186,7 +188,7 @@ def build_model(
     not in the state) are computed again on every rank after ``to_empty``.
     """
     if not (cfg.model_dir and _fsdp_sharded(cfg, ranks, backend)):
-        gpt = _initial_model(cfg, backend)
+        gpt = _initial_model(cfg, spec, backend)
         model, forward = parallel.wrap(
             backend.prepare_model(gpt),
             ranks,
@@ -197,11 +199,11 @@ def build_model(
         return model, forward
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full = _initial_model(cfg, backend).state_dict() if ranks.is_main else {}
+    full = _initial_model(cfg, spec, backend).state_dict() if ranks.is_main else {}
     with torch.device("meta"):
-        gpt = GPT(cfg.model)
-        if cfg.lora is not None:
-            _with_adapters(gpt, cfg, backend)
+        gpt = GPT(spec.config)
+        if spec.lora is not None:
+            _with_adapters(gpt, spec, backend)
     model, forward = parallel.wrap(
         gpt, ranks, cfg.parallelism, backend, activation_checkpointing=activation_checkpointing
     )
@@ -229,12 +231,14 @@ class Throughput:
 
 @dataclass(frozen=True)
 class Run:
-    """What set-up gives the steps: the config, the ranks and device, the task, the wrapped
-    model and its forward, the optimizer, the checkpointer (None without ``checkpoint_dir``)
-    and the run config it records, the steps (``start`` .. ``max_steps``, ``start`` from the
-    checkpoint resumed), the metrics log and the device batches of the task."""
+    """What set-up gives the steps: the config and the model it resolves to, the ranks and
+    device, the task, the wrapped model and its forward, the optimizer, the checkpointer (None
+    without ``checkpoint_dir``) and the run config it records, the steps (``start`` ..
+    ``max_steps``, ``start`` from the checkpoint resumed), the metrics log and the device
+    batches of the task."""
 
     cfg: TrainConfig
+    spec: ModelSpec
     ranks: parallel.Ranks
     backend: device.Backend
     control: dist.ProcessGroup | None
@@ -258,10 +262,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     checkpoint in ``cfg.checkpoint_dir`` and appending to ``cfg.metrics``.
 
     Raises:
-        ValueError: invalid config (see :meth:`TrainConfig.validate`), an unavailable device, a
-            device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), a plan it
-            cannot train (see :meth:`trainer.device.Backend.check_plan`), or data it cannot
-            make rows of (see :func:`trainer.causal_lm.training_sampler`,
+        ValueError: invalid config (see :func:`trainer.model_spec.resolve`), an unavailable
+            device, a device that cannot run on ``cfg.instance_type`` (TorchNeuron on trn1), a
+            plan it cannot train (see :meth:`trainer.device.Backend.check_plan`), or data it
+            cannot make rows of (see :func:`trainer.causal_lm.training_sampler`,
             :func:`trainer.causal_lm.eval_sampler`).
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
         trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
@@ -281,19 +285,20 @@ def set_up(cfg: TrainConfig) -> Run:
         see :func:`train`.
     """
     started_at, started = datetime.now(UTC), time.perf_counter()  # the run header's clock
-    cfg.validate()
+    spec = model_spec.resolve(cfg)
     ranks = parallel.ranks_from_env()
-    backend, num_params = _start_backend(cfg, ranks)
+    backend, num_params = _start_backend(cfg, spec.config, ranks)
     control = parallel.control_group(ranks)
-    dataset = _open_data(cfg, ranks, control)
-    task, max_steps, data = _causal_lm(cfg, dataset, ranks, backend)
+    dataset = _open_data(cfg, spec.config, ranks, control)
+    task, max_steps, data = _causal_lm(cfg, spec.config, dataset, ranks, backend)
     model, forward = build_model(
-        cfg, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
+        cfg, spec, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
     )
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.decay, betas=cfg.betas)
     checkpointer = _checkpointer(cfg)
     run = run_config(
         cfg,
+        spec,
         world_size=ranks.world_size,
         manifest_sha256=dataset.manifest_sha256,
         model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
@@ -303,12 +308,13 @@ def set_up(cfg: TrainConfig) -> Run:
     start = 0
     if checkpointer is not None:
         start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
-    throughput, log = _metrics(cfg, ranks, backend, max_steps, data, (started_at, started))
+    throughput, log = _metrics(cfg, spec, ranks, backend, max_steps, data, (started_at, started))
     batches = backend.batches(_stream(task, start, max_steps, cfg.grad_accum))
     # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
     sharded = _fsdp_sharded(cfg, ranks, backend)
     return Run(
         cfg=cfg,
+        spec=spec,
         ranks=ranks,
         backend=backend,
         control=control,
@@ -327,13 +333,15 @@ def set_up(cfg: TrainConfig) -> Run:
     )
 
 
-def _start_backend(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[device.Backend, int]:
+def _start_backend(
+    cfg: TrainConfig, model: ModelConfig, ranks: parallel.Ranks
+) -> tuple[device.Backend, int]:
     """The device backend, checked against the instance type and the plan (strategy and model
     size), its compile fitted, the process group joined and the device started; and the
     model's parameter count."""
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
-    num_params = _num_params(cfg)
+    num_params = _num_params(model)
     backend.check_plan(
         strategy=cfg.parallelism,
         model=_model_label(cfg),
@@ -347,7 +355,7 @@ def _start_backend(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[device.Back
 
 
 def _open_data(
-    cfg: TrainConfig, ranks: parallel.Ranks, control: dist.ProcessGroup | None
+    cfg: TrainConfig, model: ModelConfig, ranks: parallel.Ranks, control: dist.ProcessGroup | None
 ) -> Dataset:
     """``cfg.data`` opened on every rank (see :func:`open_dataset_per_node`) and checked against
     the model: the ``--model`` run's tokenizer, or the preset's vocabulary.
@@ -359,16 +367,20 @@ def _open_data(
     dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
     if cfg.model_dir:
         tokenizing.check_data_for_model(cfg.data, cfg.model_dir)
-    elif dataset.vocab_size > cfg.model.vocab_size:
+    elif dataset.vocab_size > model.vocab_size:
         raise ValueError(
             f"data vocabulary {dataset.vocab_size} ({dataset.tokenizer}) exceeds "
-            f"{_model_label(cfg)} vocabulary {cfg.model.vocab_size}"
+            f"{_model_label(cfg)} vocabulary {model.vocab_size}"
         )
     return dataset
 
 
 def _causal_lm(
-    cfg: TrainConfig, dataset: Dataset, ranks: parallel.Ranks, backend: device.Backend
+    cfg: TrainConfig,
+    model: ModelConfig,
+    dataset: Dataset,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
 ) -> tuple[causal_lm.CausalLM, int, dict[str, object] | None]:
     """The causal-LM task on ``dataset`` (:func:`trainer.causal_lm.build`), the run's steps and
     the run header's summary of its data (None for a token stream); rank 0 prints the data's
@@ -377,7 +389,7 @@ def _causal_lm(
     Raises:
         ValueError: see :func:`trainer.causal_lm.build`.
     """
-    task = causal_lm.build(cfg, dataset, ranks, backend)
+    task = causal_lm.build(cfg, model.seq_len, dataset, ranks, backend)
     max_steps = causal_lm.total_steps(cfg, task.sampler)
     data = causal_lm.data_summary(task.sampler, task.held_out)
     note = causal_lm.data_note(data, dataset) if ranks.is_main else ""
@@ -402,6 +414,7 @@ def _checkpointer(cfg: TrainConfig) -> Checkpointer | None:
 
 def _metrics(
     cfg: TrainConfig,
+    spec: ModelSpec,
     ranks: parallel.Ranks,
     backend: device.Backend,
     max_steps: int,
@@ -411,8 +424,8 @@ def _metrics(
     """The run's :class:`Throughput` and its metrics log, opened with the run header (``data``
     added when there is a summary of it) on rank 0 (a log that writes nothing elsewhere).
     ``started``: when the run started, as a date and a ``time.perf_counter`` reading."""
-    throughput, settings = _throughput(cfg, ranks, backend)
-    header = _header(cfg, ranks, backend, throughput, settings, started[0])
+    throughput, settings = _throughput(cfg, spec, ranks, backend)
+    header = _header(cfg, spec.config, ranks, backend, throughput, settings, started[0])
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",
         total_steps=max_steps,
@@ -425,26 +438,29 @@ def _metrics(
 
 
 def _throughput(
-    cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backend
+    cfg: TrainConfig, spec: ModelSpec, ranks: parallel.Ranks, backend: device.Backend
 ) -> tuple[Throughput, dict[str, object]]:
-    """The run's :class:`Throughput` and its settings (see :meth:`TrainConfig.settings`), which
-    rank 0 prints."""
+    """The run's :class:`Throughput` and its settings (see :func:`trainer.model_spec.settings`),
+    which rank 0 prints."""
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
-    flops = flops_per_token(cfg)
+    flops = flops_per_token(spec)
     frozen = backend.frozen_dtype()
-    settings = cfg.settings(
+    settings = model_spec.settings(
+        cfg,
+        spec.lora,
         frozen_dtype="fp32" if frozen is None else device.dtype_name(frozen),
         compile_backend=backend.compile_backend,
     )
     if ranks.is_main:
         print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
-    tokens_per_step = cfg.model.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
+    tokens_per_step = spec.config.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
     return Throughput(tokens_per_step, flops, peak, precision), settings
 
 
 def _header(
     cfg: TrainConfig,
+    model: ModelConfig,
     ranks: parallel.Ranks,
     backend: device.Backend,
     throughput: Throughput,
@@ -459,7 +475,7 @@ def _header(
         device=backend.name,
         precision=throughput.precision,
         model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
-        seq_len=cfg.model.seq_len,
+        seq_len=model.seq_len,
         global_batch_tokens=throughput.tokens_per_step,
         flops_per_token=throughput.flops_per_token,
         peak_flops_per_rank=throughput.peak_flops,
