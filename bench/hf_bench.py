@@ -46,7 +46,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainer import data, hf, metrics, optim, tokenizing
+from trainer import data, hf, hf_config, metrics, optim, tokenizing
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -161,7 +161,7 @@ def paired_steps(model_dir: Path, pairs: int) -> dict[str, Any]:
     """A training step of the trainer's model and one of transformers', in turn, ``pairs`` times
     after :data:`WARMUP` pairs: the median of the pairs' ratios (transformers' seconds over
     ours) as ``ratio``, its quartiles and each loop's seconds per step."""
-    ours = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=SEQ_LEN))
+    ours = hf.load_pretrained(model_dir, hf_config.model_config(model_dir, seq_len=SEQ_LEN))
     ours.train()
     ours_opt = optim.build(ours, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
     theirs, theirs_opt = transformers_loop(model_dir)
@@ -192,7 +192,7 @@ def paired_steps(model_dir: Path, pairs: int) -> dict[str, Any]:
 
 def load_vs_read(model_dir: Path, rounds: int) -> dict[str, Any]:
     files = sorted(model_dir.glob("*.safetensors"))
-    cfg = hf.model_config(model_dir, seq_len=SEQ_LEN)
+    cfg = hf_config.model_config(model_dir, seq_len=SEQ_LEN)
     reads, loads = [], []
     for _ in range(rounds):
         began = time.perf_counter()

@@ -34,7 +34,7 @@ import hf_bench
 import numpy as np
 import torch
 
-from trainer import data, hf, metrics, optim, packing
+from trainer import data, hf, hf_config, metrics, optim, packing
 from trainer.config import TrainConfig
 from trainer.loop import train
 
@@ -118,7 +118,9 @@ def paired_steps(model_dir: Path, packed: Path, stream: Path, pairs: int) -> dic
     """A step of the trainer's model and optimizer on a packed batch and one on a stream batch,
     in turn, ``pairs`` times after :data:`WARMUP` pairs: the median of the pairs' ratios of
     useful tokens/s (``ratio``), its quartiles and each side's seconds per step."""
-    model = hf.load_pretrained(model_dir, hf.model_config(model_dir, seq_len=hf_bench.SEQ_LEN))
+    model = hf.load_pretrained(
+        model_dir, hf_config.model_config(model_dir, seq_len=hf_bench.SEQ_LEN)
+    )
     model.train()
     opt = optim.build(model, lr=2e-5, weight_decay=0.1, betas=(0.9, 0.95))
     seq_len, micro_batch = hf_bench.SEQ_LEN, hf_bench.BATCH

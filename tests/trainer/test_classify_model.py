@@ -23,7 +23,7 @@ from transformers import (
     Qwen3ForSequenceClassification,
 )
 
-from trainer import hf, lora
+from trainer import hf, hf_config, lora
 from trainer.classify import export
 from trainer.classify.load import load_classifier
 from trainer.classify.model import (
@@ -103,7 +103,7 @@ def test_logits_match_transformers_both_ways(arch: str, tmp_path: Path) -> None:
         our_logits, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max())
     )
 
-    raw = json.loads((tmp_path / "theirs" / hf.CONFIG).read_text())
+    raw = json.loads((tmp_path / "theirs" / hf_config.CONFIG).read_text())
     export.save_classifier(ours.state_dict(), raw, ours.spec, tmp_path / "ours", dtype="float32")
     back = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
     assert back.config.id2label == dict(enumerate(NAMES))
@@ -115,7 +115,7 @@ def test_logits_match_transformers_both_ways(arch: str, tmp_path: Path) -> None:
 
 def test_new_head_on_a_causal_lm_keeps_the_decoder(tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path, "qwen2", tie_word_embeddings=True)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     torch.manual_seed(0)
     model = from_causal_lm(source, cfg, HeadSpec(NAMES, False, PAD))
     decoder = hf.load_pretrained(source, cfg)
@@ -129,7 +129,7 @@ def test_new_head_on_a_causal_lm_keeps_the_decoder(tmp_path: Path) -> None:
 def test_lora_adapter_loads_in_peft_with_its_score_head(tmp_path: Path) -> None:
     base = _theirs("llama")
     base.save_pretrained(tmp_path / "base")
-    raw = json.loads((tmp_path / "base" / hf.CONFIG).read_text())
+    raw = json.loads((tmp_path / "base" / hf_config.CONFIG).read_text())
     model = load_classifier(tmp_path / "base", seq_len=SEQ)
     spec = lora.LoraSpec(rank=2, alpha=4.0, targets=("q_proj", "v_proj", "down_proj"))
     lora.apply(model, model.cfg, spec)
@@ -160,7 +160,7 @@ def test_lora_adapter_loads_in_peft_with_its_score_head(tmp_path: Path) -> None:
 def test_merged_lora_export_loads_as_a_plain_classifier(tmp_path: Path) -> None:
     base = _theirs("qwen3")
     base.save_pretrained(tmp_path / "base")
-    raw = json.loads((tmp_path / "base" / hf.CONFIG).read_text())
+    raw = json.loads((tmp_path / "base" / hf_config.CONFIG).read_text())
     model = load_classifier(tmp_path / "base", seq_len=SEQ)
     spec = lora.LoraSpec(rank=2, alpha=2.0)
     full = {k: v.clone() for k, v in model.state_dict().items()}
@@ -234,7 +234,7 @@ def test_auto_class_weights_are_inverse_frequency() -> None:
 
 def test_classifier_loss_needs_a_real_row() -> None:
     model = SequenceClassifier(
-        hf.parse_config(
+        hf_config.parse_config(
             json.loads(json.dumps({"architectures": ["LlamaForCausalLM"], **hf_tiny.SHAPE})),
             seq_len=SEQ,
         ),
@@ -259,7 +259,9 @@ def test_a_steps_loss_is_the_weighted_mean_however_micro_batches_split_it(tmp_pa
     )
     ds, labels = data.open_dataset(tmp_path / "ds"), cdata.open_labels(tmp_path / "ds")
     weights = auto_class_weights(labels.train, labels.num_labels)
-    cfg = hf.parse_config({"architectures": ["LlamaForCausalLM"], **hf_tiny.SHAPE}, seq_len=SEQ)
+    cfg = hf_config.parse_config(
+        {"architectures": ["LlamaForCausalLM"], **hf_tiny.SHAPE}, seq_len=SEQ
+    )
     torch.manual_seed(0)
     model = SequenceClassifier(cfg, HeadSpec(labels.names, False, 1), torch.from_numpy(weights))
     backend = device.resolve("cpu", compile_backend="none").start()
@@ -333,7 +335,7 @@ def test_bert_logits_match_transformers_both_ways(tmp_path: Path) -> None:
     expected = _their_logits(theirs, tokens)
     scale = float(expected.abs().max())
     torch.testing.assert_close(our_logits, expected, rtol=1e-4, atol=1e-4 * scale)
-    raw = json.loads((tmp_path / "theirs" / hf.CONFIG).read_text())
+    raw = json.loads((tmp_path / "theirs" / hf_config.CONFIG).read_text())
     export.save_classifier(ours.state_dict(), raw, ours.spec, tmp_path / "ours")
     back = AutoModelForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
     assert back.config.id2label == dict(enumerate(NAMES))

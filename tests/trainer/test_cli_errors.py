@@ -15,7 +15,7 @@ import pytest
 import tiny_tokenizer
 import torch
 
-from trainer import cli, hf, lora, tokenizing
+from trainer import cli, hf, hf_config, hf_export, lora, tokenizing
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -30,12 +30,12 @@ def files(tmp_path_factory: pytest.TempPathFactory, model_data: Path) -> dict[st
     ck = root / "ck"
     argv = hf_tiny.run_args(model, model_data, ck, lr="1e-3", max_steps="1")
     assert cli.main(argv) == 0
-    cfg = hf.model_config(model, seq_len=hf_tiny.SEQ_LEN)
+    cfg = hf_config.model_config(model, seq_len=hf_tiny.SEQ_LEN)
     spec = lora.LoraSpec(2, 2.0)
     gpt = lora.apply(hf.load_pretrained(model, cfg), cfg, spec)
     adapter = root / "adapter"
-    raw = hf.read_config(model)
-    lora.save_adapter(gpt.state_dict(), raw, spec, adapter, base_model="org/not-here")
+    raw = hf_config.read_config(model)
+    hf_export.save_adapter(gpt.state_dict(), raw, spec, adapter, base_model="org/not-here")
     (root / "bare").mkdir()
     (root / "bare" / "tokenizer.json").write_text("{}")
     changes: dict[str, dict[str, object]] = {

@@ -16,7 +16,7 @@ import torch_save_checkpoint
 from moto import mock_aws
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer import checkpoint, cli, hf
+from trainer import checkpoint, cli, hf, hf_config
 from trainer.checkpoint import Checkpointer, CheckpointError, RunConfigError, S3Store
 from trainer.model import GPT
 from trainer.model_spec import model_config
@@ -45,7 +45,7 @@ def test_fine_tune_export_and_load_with_transformers(
 
     tokens = torch.randint(0, 256, (3, SEQ + 1), generator=torch.Generator().manual_seed(3))
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    ours = GPT(hf.model_config(source, seq_len=SEQ)).eval()
+    ours = GPT(hf_config.model_config(source, seq_len=SEQ)).eval()
     ours.load_state_dict(_state(ck, 4)["model"])  # type: ignore[arg-type]
     with torch.no_grad():
         our_loss = float(ours(tokens[:, :-1], tokens[:, 1:]))
@@ -121,7 +121,7 @@ def test_run_flags_are_checked_before_training(tmp_path: Path, model_data: Path)
     with pytest.raises(ValueError, match=r"--preset tiny and --model .* exclude each other"):
         cli.main([*_run(source, model_data, ck), "--preset", "tiny", "--debug"])
     with pytest.raises(
-        hf.HFConfigError, match="seq_len 65 must be between 1 and max_position_embeddings 64"
+        hf_config.HFConfigError, match="seq_len 65 must be between 1 and max_position_embeddings 64"
     ):
         cli.main([*_run(source, model_data, ck), "--seq-len", "65", "--debug"])
     with pytest.raises(
@@ -217,7 +217,7 @@ def test_export_from_s3_reads_the_carried_files(
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="ckpt")
     source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     model = hf.load_pretrained(source, cfg)
     optimizer = torch.optim.AdamW(model.parameters())
     store = S3Store("s3://ckpt/run", client=s3)
@@ -245,7 +245,7 @@ def test_an_earlier_trainers_checkpoint_exports(tmp_path: Path) -> None:
     from trainer import hf_export
 
     source = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     torch.manual_seed(0)
     model = hf.load_pretrained(source, cfg)
     for p in model.parameters():  # weights the source does not have

@@ -12,8 +12,8 @@ import hf_tiny
 import pytest
 import torch
 
-from trainer import hf
-from trainer.config import PRESETS, ModelConfig
+from trainer import hf, hf_config
+from trainer.config import PRESETS, ModelConfig, RopeScaling
 from trainer.model import GPT
 
 SEQ = 24
@@ -42,7 +42,7 @@ def test_logits_and_loss_match_transformers(case: str, tmp_path: Path) -> None:
     theirs = hf_tiny.build(arch, **overrides)
     path = hf_tiny.save(theirs, tmp_path / case)
     tokens = torch.randint(0, 256, (3, SEQ + 1), generator=torch.Generator().manual_seed(1))
-    ours = hf.load_pretrained(path, hf.model_config(path, seq_len=SEQ)).eval()
+    ours = hf.load_pretrained(path, hf_config.model_config(path, seq_len=SEQ)).eval()
 
     with torch.no_grad():
         their_logits = theirs(input_ids=tokens[:, :-1]).logits
@@ -60,11 +60,11 @@ def test_logits_and_loss_match_transformers(case: str, tmp_path: Path) -> None:
 def test_parity_cases_exercise_what_they_name(tmp_path: Path) -> None:
     """The variants change the model: without them the parity above would not test them."""
     cfgs = {
-        case: hf.parse_config(hf_tiny.build(arch, **o).config.to_dict(), seq_len=SEQ)
+        case: hf_config.parse_config(hf_tiny.build(arch, **o).config.to_dict(), seq_len=SEQ)
         for case, (arch, o) in CASES.items()
     }
     assert cfgs["llama-tied"].tie_embeddings and not cfgs["llama-untied"].tie_embeddings
-    assert cfgs["llama3-rope-scaling"].rope_scaling == hf.RopeScaling(8.0, 1.0, 4.0, 16)
+    assert cfgs["llama3-rope-scaling"].rope_scaling == RopeScaling(8.0, 1.0, 4.0, 16)
     assert cfgs["qwen2-biases"].qkv_bias and not cfgs["qwen2-biases"].out_bias
     assert cfgs["llama-attention-bias"].qkv_bias and cfgs["llama-attention-bias"].out_bias
     assert cfgs["qwen3-qk-norm"].qk_norm and cfgs["qwen3-qk-norm"].head_dim == 12
@@ -89,7 +89,7 @@ def test_presets_keep_their_shapes_and_norm() -> None:
 
 def test_loading_builds_on_meta_and_draws_no_random_init(tmp_path: Path) -> None:
     path = hf_tiny.model_dir(tmp_path)
-    cfg = hf.model_config(path, seq_len=SEQ)
+    cfg = hf_config.model_config(path, seq_len=SEQ)
     before = torch.get_rng_state()
     model = hf.load_pretrained(path, cfg)
     assert torch.equal(torch.get_rng_state(), before)
@@ -100,23 +100,23 @@ def test_loading_builds_on_meta_and_draws_no_random_init(tmp_path: Path) -> None
 def test_bf16_checkpoint_loads_as_fp32(tmp_path: Path) -> None:
     theirs = hf_tiny.build("qwen2").to(torch.bfloat16)
     path = hf_tiny.save(theirs, tmp_path / "bf16")
-    model = hf.load_pretrained(path, hf.model_config(path, seq_len=SEQ))
+    model = hf.load_pretrained(path, hf_config.model_config(path, seq_len=SEQ))
     assert model.tok.weight.dtype == torch.float32
     assert torch.equal(model.tok.weight, theirs.model.embed_tokens.weight.float())
 
 
 def test_seq_len_defaults_to_2048_capped_at_max_positions(tmp_path: Path) -> None:
     raw = hf_tiny.build("llama").config.to_dict()
-    assert hf.parse_config(raw).seq_len == 64
-    assert hf.parse_config({**raw, "max_position_embeddings": 8192}).seq_len == 2048
+    assert hf_config.parse_config(raw).seq_len == 64
+    assert hf_config.parse_config({**raw, "max_position_embeddings": 8192}).seq_len == 2048
 
 
 def test_fields_left_out_take_the_architectures_defaults() -> None:
     """transformers' config classes' defaults: e.g. Qwen3's head_dim 128, Llama's eps 1e-6."""
     shape = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
-    qwen3 = hf.parse_config({"architectures": ["Qwen3ForCausalLM"], **shape}, seq_len=8)
+    qwen3 = hf_config.parse_config({"architectures": ["Qwen3ForCausalLM"], **shape}, seq_len=8)
     assert (qwen3.head_dim, qwen3.vocab_size, qwen3.rope_theta) == (128, 151936, 10000.0)
-    llama = hf.parse_config({"model_type": "llama", **shape}, seq_len=8)
+    llama = hf_config.parse_config({"model_type": "llama", **shape}, seq_len=8)
     assert (llama.head_dim, llama.norm_eps, llama.tie_embeddings) == (16, 1e-6, False)
     # Older files: rope_scaling and a top-level rope_theta.
     old = {
@@ -125,7 +125,7 @@ def test_fields_left_out_take_the_architectures_defaults() -> None:
         "rope_theta": 500000.0,
         "rope_scaling": {k: v for k, v in hf_tiny.LLAMA3_ROPE.items() if k != "rope_theta"},
     }
-    parsed = hf.parse_config(old, seq_len=8)
+    parsed = hf_config.parse_config(old, seq_len=8)
     assert parsed.rope_theta == 500000.0 and parsed.rope_scaling is not None
 
 
@@ -211,22 +211,22 @@ BAD = [
 
 @pytest.mark.parametrize(("change", "message"), BAD)
 def test_unsupported_config_fields_are_named(change: dict[str, Any], message: str) -> None:
-    with pytest.raises(hf.HFConfigError, match=re.escape(message)):
-        hf.parse_config({**BASE, **change}, seq_len=32, source="m/config.json")
+    with pytest.raises(hf_config.HFConfigError, match=re.escape(message)):
+        hf_config.parse_config({**BASE, **change}, seq_len=32, source="m/config.json")
 
 
 def test_bias_fields_count_only_where_transformers_reads_them() -> None:
     """Qwen2's and Mistral's attention and all but Llama's MLP ignore these fields."""
-    qwen2 = hf.parse_config(
+    qwen2 = hf_config.parse_config(
         {**BASE, "architectures": ["Qwen2ForCausalLM"], "attention_bias": False, "mlp_bias": True},
         seq_len=8,
     )
     assert (qwen2.qkv_bias, qwen2.out_bias) == (True, False)
-    mistral = hf.parse_config(
+    mistral = hf_config.parse_config(
         {**BASE, "architectures": ["MistralForCausalLM"], "attention_bias": True}, seq_len=8
     )
     assert (mistral.qkv_bias, mistral.out_bias) == (False, False)
-    qwen3 = hf.parse_config(
+    qwen3 = hf_config.parse_config(
         {**BASE, "architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, seq_len=8
     )
     assert (qwen3.qkv_bias, qwen3.out_bias) == (True, True)
@@ -259,36 +259,46 @@ def test_inactive_sliding_windows_are_accepted(
 ) -> None:
     """An inactive window parses to the very model of the config without it; its active twin
     is refused."""
-    assert hf.parse_config({**plain, **inactive}, seq_len=32) == hf.parse_config(plain, seq_len=32)
-    with pytest.raises(hf.HFConfigError, match=r"sliding_window \d+ is active for seq_len 32"):
-        hf.parse_config({**plain, **active}, seq_len=32)
+    assert hf_config.parse_config({**plain, **inactive}, seq_len=32) == hf_config.parse_config(
+        plain, seq_len=32
+    )
+    with pytest.raises(
+        hf_config.HFConfigError, match=r"sliding_window \d+ is active for seq_len 32"
+    ):
+        hf_config.parse_config({**plain, **active}, seq_len=32)
 
 
 def test_seq_len_beyond_max_positions_and_missing_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(
-        hf.HFConfigError, match="seq_len 129 must be between 1 and max_position_embeddings 128"
+        hf_config.HFConfigError,
+        match="seq_len 129 must be between 1 and max_position_embeddings 128",
     ):
-        hf.parse_config(BASE, seq_len=129)
-    with pytest.raises(hf.HFConfigError, match=r"model directory .*/absent does not exist"):
-        hf.model_config(tmp_path / "absent")
-    with pytest.raises(hf.HFConfigError, match=r"holds no config.json: not a Hugging Face model"):
-        hf.model_config(tmp_path)
+        hf_config.parse_config(BASE, seq_len=129)
+    with pytest.raises(hf_config.HFConfigError, match=r"model directory .*/absent does not exist"):
+        hf_config.model_config(tmp_path / "absent")
+    with pytest.raises(
+        hf_config.HFConfigError, match=r"holds no config.json: not a Hugging Face model"
+    ):
+        hf_config.model_config(tmp_path)
     (tmp_path / "adapter_config.json").write_text("{}")
-    with pytest.raises(hf.HFConfigError, match=r"is a PEFT adapter \(adapter_config.json, no"):
-        hf.model_config(tmp_path)
+    with pytest.raises(
+        hf_config.HFConfigError, match=r"is a PEFT adapter \(adapter_config.json, no"
+    ):
+        hf_config.model_config(tmp_path)
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(
-        hf.HFConfigError, match=re.escape("config.json: cannot read a Hugging Face model config")
+        hf_config.HFConfigError,
+        match=re.escape("config.json: cannot read a Hugging Face model config"),
     ):
-        hf.model_config(tmp_path)
+        hf_config.model_config(tmp_path)
     (tmp_path / "config.json").write_text("[1]")
-    with pytest.raises(hf.HFConfigError, match="must hold a JSON object, got list"):
-        hf.model_config(tmp_path)
+    with pytest.raises(hf_config.HFConfigError, match="must hold a JSON object, got list"):
+        hf_config.model_config(tmp_path)
 
 
 def test_config_json_written_by_transformers_parses(tmp_path: Path) -> None:
     path = hf_tiny.model_dir(tmp_path, "qwen3", head_dim=12)
     raw = json.loads((path / "config.json").read_text())
     assert "rope_parameters" in raw  # transformers 5's layout, which the parser reads
-    cfg = hf.model_config(path, seq_len=SEQ)
+    cfg = hf_config.model_config(path, seq_len=SEQ)
     assert (cfg.n_layer, cfg.d_model, cfg.d_ff, cfg.vocab_size) == (2, 32, 48, 256)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from trainer import hf
+from trainer import hf, hf_config, hf_export
 
 SEQ = 16
 
@@ -31,7 +31,7 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path: Path) -> None:
     index = json.loads((sharded / hf.INDEX).read_text())
     assert len(set(index["weight_map"].values())) > 2
     assert not (sharded / hf.SINGLE).exists()
-    cfg = hf.model_config(single, seq_len=SEQ)
+    cfg = hf_config.model_config(single, seq_len=SEQ)
     one, many = hf.read_weights(single, cfg), hf.read_weights(sharded, cfg)
     assert one.keys() == many.keys()
     assert all(torch.equal(one[k], many[k]) for k in one)
@@ -58,13 +58,15 @@ def test_saved_weights_load_in_transformers_with_our_loss(
     arch: str, overrides: dict[str, object], tmp_path: Path
 ) -> None:
     source = hf_tiny.save(hf_tiny.build(arch, **overrides), tmp_path / "in")
-    raw = hf.read_config(source)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    raw = hf_config.read_config(source)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     ours = hf.load_pretrained(source, cfg).eval()
     with torch.no_grad():  # a change, so that a file copied through would not pass
         for p in ours.parameters():
             p.mul_(1.01)
-    written = hf.save_pretrained(ours.state_dict(), raw, tmp_path / "out", max_shard_bytes=30_000)
+    written = hf_export.save_pretrained(
+        ours.state_dict(), raw, tmp_path / "out", max_shard_bytes=30_000
+    )
     assert hf.INDEX in written and "model-00001-of-" in written[0]
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     tokens = _tokens()
@@ -78,33 +80,33 @@ def test_saved_weights_load_in_transformers_with_our_loss(
 
 def test_export_dtype_follows_the_config_unless_asked(tmp_path: Path) -> None:
     source = hf_tiny.save(hf_tiny.build("llama").to(torch.bfloat16), tmp_path / "in")
-    raw = hf.read_config(source)
+    raw = hf_config.read_config(source)
     assert raw["dtype"] == "bfloat16"
-    state = hf.read_weights(source, hf.model_config(source, seq_len=SEQ))
-    hf.save_pretrained(state, raw, tmp_path / "auto")
+    state = hf.read_weights(source, hf_config.model_config(source, seq_len=SEQ))
+    hf_export.save_pretrained(state, raw, tmp_path / "auto")
     assert load_file(tmp_path / "auto" / hf.SINGLE)["lm_head.weight"].dtype == torch.bfloat16
-    hf.save_pretrained(state, raw, tmp_path / "fp32", dtype="float32")
+    hf_export.save_pretrained(state, raw, tmp_path / "fp32", dtype="float32")
     assert load_file(tmp_path / "fp32" / hf.SINGLE)["lm_head.weight"].dtype == torch.float32
     assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
 
 
 def test_export_refuses_bad_arguments(tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path)
-    raw = hf.read_config(source)
-    state = hf.read_weights(source, hf.model_config(source, seq_len=SEQ))
+    raw = hf_config.read_config(source)
+    state = hf.read_weights(source, hf_config.model_config(source, seq_len=SEQ))
     with pytest.raises(ValueError, match=re.escape("max_shard_bytes must be >= 1, got 0")):
-        hf.save_pretrained(state, raw, tmp_path / "a", max_shard_bytes=0)
+        hf_export.save_pretrained(state, raw, tmp_path / "a", max_shard_bytes=0)
     with pytest.raises(
         ValueError, match=re.escape("dtype 'int8' is not supported; allowed: auto, float32")
     ):
-        hf.save_pretrained(state, raw, tmp_path / "a", dtype="int8")
+        hf_export.save_pretrained(state, raw, tmp_path / "a", dtype="int8")
     with pytest.raises(ValueError, match=f"export directory {re.escape(str(source))} is not empty"):
-        hf.save_pretrained(state, raw, source)
+        hf_export.save_pretrained(state, raw, source)
     del state["norm.weight"]
     with pytest.raises(
         ValueError, match=re.escape("the checkpoint's model state lacks norm.weight")
     ):
-        hf.save_pretrained(state, raw, tmp_path / "b")
+        hf_export.save_pretrained(state, raw, tmp_path / "b")
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -113,7 +115,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def test_weight_errors_name_the_tensor_or_file(tmp_path: Path) -> None:
     source = hf_tiny.model_dir(tmp_path)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     weights = _weights(source)
 
     extra = {**weights, "model.layers.0.mlp.extra.weight": torch.zeros(1)}
@@ -172,7 +174,7 @@ def test_old_rope_buffers_and_a_tied_head_copy_are_ignored(tmp_path: Path) -> No
         "lm_head.weight": weights["model.embed_tokens.weight"].clone(),
     }
     save_file(extra, source / hf.SINGLE)
-    model = hf.load_pretrained(source, hf.model_config(source, seq_len=SEQ))
+    model = hf.load_pretrained(source, hf_config.model_config(source, seq_len=SEQ))
     assert model.head.weight is model.tok.weight
 
 

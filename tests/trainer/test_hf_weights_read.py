@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer import hf
+from trainer import hf, hf_config, hf_llama
 
 SEQ = 16
 DTYPES = (torch.bfloat16, torch.float16, torch.float64, torch.float32, torch.float8_e4m3fn)
@@ -36,9 +36,9 @@ def test_each_dtype_loads_as_its_fp32_conversion(tmp_path: Path, two_threads: No
         for (name, tensor), dtype in zip(weights.items(), itertools.cycle(DTYPES), strict=False)
     }
     save_file(mixed, source / hf.SINGLE)
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     ours = hf.read_weights(source, cfg)
-    for name, parts in hf.weight_names(cfg).items():
+    for name, parts in hf_llama.names(cfg).items():
         want = torch.cat([mixed[part].to(torch.float32) for part, _ in parts])
         assert ours[name].dtype == torch.float32
         assert torch.equal(ours[name], want), name
@@ -50,5 +50,5 @@ def test_thread_count_is_restored_when_loading_fails(tmp_path: Path, two_threads
     weights = load_file(source / hf.SINGLE)
     save_file({**weights, "model.norm.weight": torch.ones(3)}, source / hf.SINGLE)
     with pytest.raises(hf.HFWeightsError, match=r"model\.norm\.weight has shape \(3,\)"):
-        hf.load_pretrained(source, hf.model_config(source, seq_len=SEQ))
+        hf.load_pretrained(source, hf_config.model_config(source, seq_len=SEQ))
     assert torch.get_num_threads() == 2

@@ -17,7 +17,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from tests.tolerance import assert_fp32_close
-from trainer import checkpoint, cli, hf, lora, metrics, model_spec
+from trainer import checkpoint, cli, hf, hf_config, lora, metrics, model_spec
 from trainer.checkpoint import CheckpointError, RunConfigError
 
 SEQ = hf_tiny.SEQ_LEN
@@ -34,7 +34,7 @@ def _tokens() -> torch.Tensor:
 
 def _ours(source: Path, ck: Path, step: int, spec: lora.LoraSpec) -> torch.Tensor:
     """Our logits for :func:`_tokens` from the LoRA checkpoint at ``step``."""
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     model = lora.apply(hf.load_pretrained(source, cfg), cfg, spec).eval()
     # The checkpoint holds the adapters; the base weights are the source's.
     loaded = model.load_state_dict(_state(ck, step)["model"], strict=False)  # type: ignore[arg-type]
@@ -50,7 +50,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_adapters_start_as_peft_does_and_leave_the_model_unchanged(tiny: Path) -> None:
-    cfg = hf.model_config(tiny, seq_len=SEQ)
+    cfg = hf_config.model_config(tiny, seq_len=SEQ)
     base = hf.load_pretrained(tiny, cfg).eval()
     with torch.no_grad():
         before = base.logits(_tokens())

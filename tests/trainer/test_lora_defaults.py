@@ -14,7 +14,7 @@ import hf_tiny
 import pytest
 import torch
 
-from trainer import cli, device, hf, loop, lora, metrics, parallel
+from trainer import cli, device, hf, hf_config, loop, lora, metrics, parallel
 from trainer.config import TrainConfig
 from trainer.model_spec import lora_spec, resolve
 
@@ -99,7 +99,7 @@ def test_the_frozen_base_is_bf16_where_the_backend_autocasts(tiny: Path) -> None
     assert torch.isfinite(loss)
     assert {s["exp_avg"].dtype for s in optimizer.state.values()} == {torch.float32}
     # The same forward in FP32 on the loaded weights: BF16 products, close to it.
-    cfg32 = hf.model_config(tiny, seq_len=16)
+    cfg32 = hf_config.model_config(tiny, seq_len=16)
     reference = hf.load_pretrained(tiny, cfg32)
     with torch.no_grad():
         want = float(reference(tokens[:, :-1], tokens[:, 1:]))

@@ -11,7 +11,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import Trainer
 
-from trainer import cli, hf, lora, metrics, optim
+from trainer import cli, hf, hf_config, lora, metrics, optim
 from trainer.loop import train
 
 SEQ = hf_tiny.SEQ_LEN
@@ -52,7 +52,7 @@ def test_weight_decay_falls_on_the_adapters_as_transformers_trainer_puts_it(
     assert trained and trained <= decayed
 
     source = hf_tiny.save(hf_tiny.build("qwen2"), tmp_path / "m")
-    cfg = hf.model_config(source, seq_len=SEQ)
+    cfg = hf_config.model_config(source, seq_len=SEQ)
     model = lora.apply(hf.load_pretrained(source, cfg), cfg, lora.LoraSpec(4, 8.0, lora.TARGETS))
     opt = optim.build(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     names = {id(p): n for n, p in model.named_parameters()}

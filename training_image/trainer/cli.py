@@ -523,10 +523,10 @@ def _score(model: str, tokens: str, base_model: str | None) -> tuple[float, int]
         ValueError: the adapter's base model is not a local directory, or see
             :func:`trainer.hf.score` and :func:`trainer.lora.read_adapter`.
     """
-    from trainer import hf, lora
+    from trainer import hf, hf_config, lora
 
     root = Path(model)
-    if (root / hf.CONFIG).is_file() or not (root / hf.ADAPTER_CONFIG).is_file():
+    if (root / hf_config.CONFIG).is_file() or not (root / hf_config.ADAPTER_CONFIG).is_file():
         return hf.score(root, tokens)
     adapter = lora.read_adapter(root)
     base = base_model or adapter.base_model

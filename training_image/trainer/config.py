@@ -34,7 +34,7 @@ class ModelConfig:
 
     ``llama_style`` switches learned positions, LayerNorm and a GELU MLP (GPT-2) for RoPE,
     RMSNorm and SwiGLU (Llama); ``n_kv_head`` below ``n_head`` is grouped-query attention.
-    The fields after ``rope_theta`` describe Hugging Face models (see :mod:`trainer.hf`) and
+    The fields after ``rope_theta`` describe Hugging Face models (see :mod:`trainer.hf_config`) and
     default to the presets' choices: ``d_head`` 0 (``d_model // n_head``), ``norm_eps`` 1e-5,
     no RoPE scaling, and in the Llama style no attention biases (``qkv_bias``: q, k and v;
     ``out_bias``: the output projection) and no per-head RMSNorm of queries and keys

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer import device, hf, lora
+from trainer import device, hf, hf_config, lora
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
 from trainer.config import ModelConfig, preset
 from trainer.data import IGNORE_INDEX, Dataset, open_dataset
@@ -115,10 +115,10 @@ def model_from_dir(model_dir: str, seq_len: int) -> GPT:
     """``model_dir``'s model at ``seq_len`` (0: as ``run --model`` takes it).
 
     Raises:
-        trainer.hf.HFConfigError, trainer.hf.HFWeightsError: see
+        trainer.hf_config.HFConfigError, trainer.hf.HFWeightsError: see
             :func:`trainer.hf.load_pretrained`.
     """
-    cfg = hf.model_config(model_dir, seq_len=seq_len or None)
+    cfg = hf_config.model_config(model_dir, seq_len=seq_len or None)
     return hf.load_pretrained(model_dir, cfg)
 
 
@@ -159,10 +159,10 @@ def _checkpoint_config(
     """The model shape of checkpoint ``name``: its carried ``config.json`` (a ``--model``
     run), else its run's preset; at ``seq_len``, else the run's."""
     length = seq_len or run.get("seq_len")
-    if hf.CONFIG in checkpointer.model_files_of(name):
-        with checkpointer.model_file(name, hf.CONFIG) as path:
+    if hf_config.CONFIG in checkpointer.model_files_of(name):
+        with checkpointer.model_file(name, hf_config.CONFIG) as path:
             raw = json.loads(path.read_text())
-        return hf.parse_config(raw, seq_len=length if isinstance(length, int) else None)
+        return hf_config.parse_config(raw, seq_len=length if isinstance(length, int) else None)
     if "preset" not in run:
         raise CheckpointError(
             f"checkpoint {name} records no run configuration; it cannot say which model it holds"

@@ -270,7 +270,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         trainer.data.ShardError: a shard or the manifest is wrong; the message names it.
         trainer.checkpoint.RunConfigError: the newest checkpoint was saved with another preset,
             model, sequence length, seed, global batch, schedule, epochs or dataset.
-        trainer.hf.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
+        trainer.hf_config.HFConfigError, trainer.hf.HFWeightsError: ``cfg.model_dir`` holds a model
             this trainer does not implement, or weights that do not match its config.
     """
     return run_steps(set_up(cfg))

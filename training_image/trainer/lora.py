@@ -1,11 +1,12 @@
 """LoRA for runs from a Hugging Face model directory: frozen base weights, trained low-rank
-adapters, exported in PEFT's layout or merged into the weights.
+adapters, their names in PEFT's layout (written by :func:`trainer.hf_export.save_adapter`, read
+back by :func:`read_adapter`) or merged into the weights.
 
 Our attention has one fused ``qkv`` projection and our MLP one fused ``up`` ([gate; up]); each
 Hugging Face module named in the targets (``q_proj`` ... ``down_proj``) gets its own adapter
 pair over its rows of the fused weight, so that the adapters are exactly the ones PEFT would
 train on the transformers model. The modules and their rows come from
-:func:`trainer.hf.weight_names`, the one name mapping.
+:func:`trainer.hf_llama.names`, the one name mapping.
 
 As PEFT 0.21.2's ``LoraLayer`` (``peft/tuners/lora/layer.py``): ``lora_A`` (rank x in) is
 initialised kaiming-uniform with ``a = sqrt(5)``, ``lora_B`` (out x rank) zero, so that step 0
@@ -24,10 +25,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
-from trainer import hf
+from trainer import hf_config, hf_llama
 from trainer.config import ModelConfig
 from trainer.model import GPT
 
@@ -39,7 +40,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 DEFAULT_TARGETS = TARGETS
 # PEFT's file names and the prefix of its saved adapter tensors (peft/utils/constants.py,
 # peft/utils/save_and_load.py at 0.21.2).
-ADAPTER_CONFIG = hf.ADAPTER_CONFIG
+ADAPTER_CONFIG = hf_config.ADAPTER_CONFIG
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
@@ -145,9 +146,9 @@ class LoraLinear(nn.Module):
 
 def _modules(cfg: ModelConfig) -> dict[str, tuple[tuple[str, str, int], ...]]:
     """Each of our linear layers that holds a possible target: its parts as (Hugging Face
-    module path, target name, rows), from :func:`trainer.hf.weight_names`."""
+    module path, target name, rows), from :func:`trainer.hf_llama.names`."""
     modules = {}
-    for ours, parts in hf.weight_names(cfg).items():
+    for ours, parts in hf_llama.names(cfg).items():
         paths = [hf_name.removesuffix(".weight") for hf_name, _ in parts]
         if ours.endswith(".weight") and all(p.rsplit(".", 1)[-1] in TARGETS for p in paths):
             modules[ours.removesuffix(".weight")] = tuple(
@@ -223,67 +224,6 @@ def merged(
     return out
 
 
-def save_adapter(
-    state: Mapping[str, torch.Tensor],
-    raw_config: Mapping[str, Any],
-    lora: LoraSpec,
-    out: str | Path,
-    *,
-    base_model: str,
-    dtype: str = "auto",
-    task_type: str = "CAUSAL_LM",
-    modules_to_save: Mapping[str, torch.Tensor] | None = None,
-) -> list[str]:
-    """Writes the adapters in ``state`` as a PEFT adapter directory ``out`` (created; it must
-    not exist or be empty): ``adapter_model.safetensors`` in PEFT's tensor names and
-    ``adapter_config.json`` (LoRA for ``task_type``, default a causal LM; ``base_model``
-    recorded as ``base_model_name_or_path``). ``modules_to_save`` (default none): whole modules
-    trained beside the adapters, as PEFT saves them (``base_model.model.<module>.weight``, the
-    adapter name left out: ``get_peft_model_state_dict`` in ``peft/utils/save_and_load.py`` at
-    0.21.2), their modules listed in the config's ``modules_to_save``. ``dtype`` as
-    :func:`trainer.hf.export_dtype`. Returns the names of the files written.
-
-    Raises:
-        HFConfigError: ``raw_config`` is not a supported model.
-        ValueError: ``out`` is not empty, ``dtype`` is unknown, or ``state`` lacks an adapter.
-    """
-    name = hf.export_dtype(raw_config, dtype)
-    if name not in hf.DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf.DTYPES)}")
-    cfg = hf.parse_config(raw_config, seq_len=1)
-    tensors = {}
-    for ours, theirs in peft_names(cfg, lora).items():
-        if ours not in state:
-            raise ValueError(f"the checkpoint's model state lacks the adapter {ours}")
-        tensors[theirs] = state[ours].to(dtype=hf.DTYPES[name], copy=True).contiguous()
-    saved = dict(modules_to_save or {})
-    for theirs, tensor in saved.items():
-        tensors[theirs] = tensor.to(dtype=hf.DTYPES[name], copy=True).contiguous()
-    root = hf.check_empty_out(out)
-    root.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(root / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    alpha: float | int = int(lora.alpha) if lora.alpha.is_integer() else lora.alpha
-    config = {
-        "peft_type": "LORA",
-        "task_type": task_type,
-        "base_model_name_or_path": base_model,
-        "r": lora.rank,
-        "lora_alpha": alpha,
-        "target_modules": list(lora.targets),
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "use_rslora": False,
-        "use_dora": False,
-        "init_lora_weights": True,
-        "modules_to_save": sorted({n.removeprefix(PEFT_PREFIX).rsplit(".", 1)[0] for n in saved})
-        or None,
-        "inference_mode": True,
-    }
-    (root / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return [ADAPTER_WEIGHTS, ADAPTER_CONFIG]
-
-
 # adapter_config.json fields whose PEFT defaults are the only values this trainer implements
 # (LoraConfig at 0.21.2); an adapter with another value would compute something else here.
 _PEFT_FIXED: Mapping[str, object] = {
@@ -326,7 +266,8 @@ class PeftAdapter:
 
 def read_adapter(directory: str | Path) -> PeftAdapter:
     """The PEFT LoRA adapter in ``directory`` (``adapter_config.json`` and
-    ``adapter_model.safetensors``, as :func:`save_adapter` or PEFT writes them).
+    ``adapter_model.safetensors``, as :func:`trainer.hf_export.save_adapter` or PEFT writes
+    them).
 
     Raises:
         ValueError: a file is missing or unreadable, or the adapter is not a plain LoRA adapter

@@ -1,8 +1,8 @@
 """What a run's flags name, read: :class:`~trainer.config.TrainConfig` is plain data, and this
 is where it meets the files and modules it names. The model's shape comes from a preset or a
-Hugging Face directory's ``config.json`` (:mod:`trainer.hf`), the LoRA adapters' spec from the
-LoRA flags (:mod:`trainer.lora`). Set-up (:func:`trainer.loop.set_up`) resolves them once and
-passes the :class:`ModelSpec` on.
+Hugging Face directory's ``config.json`` (:mod:`trainer.hf_config`), the LoRA adapters' spec
+from the LoRA flags (:mod:`trainer.lora`). Set-up (:func:`trainer.loop.set_up`) resolves them
+once and passes the :class:`ModelSpec` on.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from trainer import hf, lora
+from trainer import hf_config, lora
 from trainer.config import ModelConfig, TrainConfig, preset
 
 
@@ -25,15 +25,15 @@ class ModelSpec:
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """``cfg.preset``'s model (at ``cfg.seq_len`` when set), or the one ``cfg.model_dir``'s
-    ``config.json`` describes (see :func:`trainer.hf.model_config`).
+    ``config.json`` describes (see :func:`trainer.hf_config.model_config`).
 
     Raises:
         ValueError: an unknown preset.
-        trainer.hf.HFConfigError: ``config.json`` is missing, unreadable or describes a model
+        trainer.hf_config.HFConfigError: ``config.json`` is missing, unreadable or describes a model
             this trainer does not implement.
     """
     if cfg.model_dir:
-        return hf.model_config(cfg.model_dir, seq_len=cfg.seq_len or None)
+        return hf_config.model_config(cfg.model_dir, seq_len=cfg.seq_len or None)
     model = preset(cfg.preset).model
     return dataclasses.replace(model, seq_len=cfg.seq_len) if cfg.seq_len else model
 
@@ -55,7 +55,7 @@ def resolve(cfg: TrainConfig) -> ModelSpec:
 
     Raises:
         ValueError: see :meth:`TrainConfig.validate` and :func:`lora_spec`.
-        trainer.hf.HFConfigError: see :func:`model_config`.
+        trainer.hf_config.HFConfigError: see :func:`model_config`.
     """
     cfg.validate_model_fields()
     spec = ModelSpec(model_config(cfg), lora_spec(cfg))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer import hf
+from trainer import hf, hf_config
 from trainer.classify.model import INIT_STD, HeadSpec, head_of, loss_sum
 
 MODEL_TYPE = "bert"
@@ -72,13 +72,13 @@ def is_bert(raw: Mapping[str, Any]) -> bool:
 
 
 def parse_config(
-    raw: Mapping[str, Any], *, seq_len: int | None = None, source: str | Path = hf.CONFIG
+    raw: Mapping[str, Any], *, seq_len: int | None = None, source: str | Path = hf_config.CONFIG
 ) -> BertConfig:
     """The :class:`BertConfig` of a BERT ``config.json``; ``seq_len`` None takes
     ``max_position_embeddings``.
 
     Raises:
-        hf.HFConfigError: an activation other than ``gelu``, a decoder, a shape field that is
+        hf_config.HFConfigError: an activation other than ``gelu``, a decoder, a shape field that is
             not a positive integer, a hidden size not divisible by the heads, or ``seq_len``
             outside 1..``max_position_embeddings``.
     """
@@ -87,7 +87,7 @@ def parse_config(
         return raw.get(field, DEFAULTS[field])
 
     if get("hidden_act") != "gelu" or get("is_decoder"):
-        raise hf.HFConfigError(
+        raise hf_config.HFConfigError(
             f"{source}: hidden_act {get('hidden_act')!r}, is_decoder {get('is_decoder')!r}: "
             "allowed: 'gelu', false (a BERT encoder)"
         )
@@ -103,16 +103,18 @@ def parse_config(
     ):
         value = get(field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise hf.HFConfigError(f"{source}: {field} must be a positive integer, got {value!r}")
+            raise hf_config.HFConfigError(
+                f"{source}: {field} must be a positive integer, got {value!r}"
+            )
         sizes[field] = value
     if sizes["hidden_size"] % sizes["num_attention_heads"]:
-        raise hf.HFConfigError(
+        raise hf_config.HFConfigError(
             f"{source}: hidden_size {sizes['hidden_size']} must be a multiple of "
             f"num_attention_heads {sizes['num_attention_heads']}"
         )
     length = sizes["max_position_embeddings"] if seq_len is None else seq_len
     if not 1 <= length <= sizes["max_position_embeddings"]:
-        raise hf.HFConfigError(
+        raise hf_config.HFConfigError(
             f"{source}: seq_len {length} must be between 1 and max_position_embeddings "
             f"{sizes['max_position_embeddings']}"
         )
@@ -305,12 +307,12 @@ def load(
     torch's global generator (the pooler kept when the checkpoint has one, else drawn too).
 
     Raises:
-        hf.HFConfigError: see :func:`parse_config` and
+        hf_config.HFConfigError: see :func:`parse_config` and
             :func:`trainer.classify.model.head_of`.
         hf.HFWeightsError: the weights do not fit the config.
     """
-    raw = hf.read_config(model_dir)
-    source = Path(model_dir) / hf.CONFIG
+    raw = hf_config.read_config(model_dir)
+    source = Path(model_dir) / hf_config.CONFIG
     cfg = parse_config(raw, seq_len=seq_len or None, source=source)
     new_head = head is not None
     head = head or head_of(raw, source)

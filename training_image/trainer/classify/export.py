@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trainer import hf, lora
+from trainer import hf, hf_config, hf_export, lora
 from trainer.classify import encoder
 from trainer.classify.model import SCORE, HeadSpec, causal_config, to_hf
 
@@ -27,11 +27,11 @@ def classifier_config(raw: Mapping[str, Any], head: HeadSpec, dtype: str) -> dic
     its architecture's ``*ForSequenceClassification``, the head's fields and ``dtype``.
 
     Raises:
-        hf.HFConfigError: not a supported decoder.
+        hf_config.HFConfigError: not a supported decoder.
     """
     causal = causal_config(raw)
-    arch = hf.architecture(causal)
-    name = next(n for n, t in hf.ARCHITECTURES.items() if t == arch)
+    arch = hf_config.architecture(causal)
+    name = next(n for n, t in hf_config.ARCHITECTURES.items() if t == arch)
     config = {
         **causal,
         "architectures": [name.removesuffix("ForCausalLM") + "ForSequenceClassification"],
@@ -53,31 +53,35 @@ def save_classifier(
 ) -> list[str]:
     """Writes our classifier ``state`` (a decoder's, or BERT's when ``raw_config`` is BERT's)
     as a Hugging Face classifier directory ``out`` (new or empty): the weights in transformers'
-    names (``model.safetensors``, or shards of at most
-    ``max_shard_bytes`` with ``model.safetensors.index.json``) and :func:`classifier_config`.
-    ``dtype`` as :func:`trainer.hf.export_dtype` (default ``auto``). Returns the files written.
+    names (``model.safetensors``, or shards of at most ``max_shard_bytes`` with
+    ``model.safetensors.index.json``) and :func:`classifier_config`. ``dtype`` as
+    :func:`trainer.hf_export.export_dtype` (default ``auto``). Returns the files written.
 
     Raises:
-        hf.HFConfigError: ``raw_config`` is not a supported decoder.
+        hf_config.HFConfigError: ``raw_config`` is not a supported decoder.
         ValueError: ``out`` is not empty, ``dtype`` is unknown, ``state`` lacks a parameter.
     """
-    name = hf.export_dtype(raw_config, dtype)
-    if name not in hf.DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf.DTYPES)}")
+    name = hf_export.export_dtype(raw_config, dtype)
+    if name not in hf_export.DTYPES:
+        raise ValueError(
+            f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(hf_export.DTYPES)}"
+        )
     if max_shard_bytes < 1:
         raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
     if encoder.is_bert(raw_config):
         config = {**raw_config, "architectures": [encoder.CLASSIFIER], **head.config_fields()}
         config.update(dtype=name)
         # BERT's parameters carry transformers' names already.
-        tensors = {k: v.to(hf.DTYPES[name], copy=True).contiguous() for k, v in state.items()}
+        tensors = {
+            k: v.to(hf_export.DTYPES[name], copy=True).contiguous() for k, v in state.items()
+        }
     else:
         config = classifier_config(raw_config, head, name)
-        cfg = hf.parse_config(causal_config(config), seq_len=1)
-        tensors = to_hf(state, cfg, head.num_labels, hf.DTYPES[name])
-    root = hf.check_empty_out(out)
+        cfg = hf_config.parse_config(causal_config(config), seq_len=1)
+        tensors = to_hf(state, cfg, head.num_labels, hf_export.DTYPES[name])
+    root = hf_export.check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
-    shards = hf._shard(tensors, max_shard_bytes)
+    shards = hf_export._shard(tensors, max_shard_bytes)
     files = (
         [hf.SINGLE]
         if len(shards) == 1
@@ -93,8 +97,8 @@ def save_classifier(
         }
         (root / hf.INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         written.append(hf.INDEX)
-    (root / hf.CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return [*written, hf.CONFIG]
+    (root / hf_config.CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return [*written, hf_config.CONFIG]
 
 
 def save_adapter(
@@ -116,14 +120,14 @@ def save_adapter(
 
     Raises:
         ValueError: ``state`` lacks the score head or an adapter; see
-            :func:`trainer.lora.save_adapter`.
+            :func:`trainer.hf_export.save_adapter`.
     """
     if "head.weight" not in state:
         raise ValueError("the model state lacks the score head (head.weight)")
     score = state["head.weight"]
     if score.shape[0] != head.num_labels:
         raise ValueError(f"the score head has {score.shape[0]} rows for {head.num_labels} classes")
-    return lora.save_adapter(
+    return hf_export.save_adapter(
         state,
         causal_config(raw_config),
         spec,

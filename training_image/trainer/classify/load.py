@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer import hf
+from trainer import hf_config
 from trainer.classify import encoder
 from trainer.classify.model import SequenceClassifier, load_decoder
 
@@ -19,9 +19,9 @@ def load_classifier(model_dir: str | Path, *, seq_len: int = 0) -> Classifier:
     ``cfg.seq_len`` and ``scores(idx)``.
 
     Raises:
-        hf.HFConfigError, hf.HFWeightsError: see :func:`trainer.classify.model.load_decoder`
+        hf_config.HFConfigError, hf.HFWeightsError: see :func:`trainer.classify.model.load_decoder`
             and :func:`trainer.classify.encoder.load`.
     """
-    if encoder.is_bert(hf.read_config(model_dir)):
+    if encoder.is_bert(hf_config.read_config(model_dir)):
         return encoder.load(model_dir, seq_len=seq_len)
     return load_decoder(model_dir, seq_len=seq_len)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer import hf
+from trainer import hf, hf_config, hf_llama
 from trainer.config import ModelConfig
 from trainer.model import GPT
 
@@ -39,7 +39,7 @@ from trainer.model import GPT
 # the same decoder (the one trainer.hf parses).
 SEQ_CLS = {
     name.removesuffix("ForCausalLM") + "ForSequenceClassification": name
-    for name in hf.ARCHITECTURES
+    for name in hf_config.ARCHITECTURES
 }
 PROBLEM_TYPES = {False: "single_label_classification", True: "multi_label_classification"}
 SCORE = "score.weight"
@@ -181,23 +181,23 @@ def auto_class_weights(train_labels: np.ndarray, num_labels: int) -> np.ndarray:
 
 def weight_names(cfg: ModelConfig, num_labels: int) -> dict[str, tuple[tuple[str, int], ...]]:
     """Our classifier's parameters to transformers' tensors (name, rows), as
-    :func:`trainer.hf.weight_names` maps the decoder, and ``head.weight`` to ``score.weight``."""
-    names = hf.weight_names(dataclasses.replace(cfg, tie_embeddings=False))
+    :func:`trainer.hf_llama.names` maps the decoder, and ``head.weight`` to ``score.weight``."""
+    names = hf_llama.names(dataclasses.replace(cfg, tie_embeddings=False))
     names["head.weight"] = ((SCORE, num_labels),)
     return names
 
 
-def causal_config(raw: Mapping[str, Any], source: str | Path = hf.CONFIG) -> dict[str, Any]:
+def causal_config(raw: Mapping[str, Any], source: str | Path = hf_config.CONFIG) -> dict[str, Any]:
     """A classifier's ``config.json`` with its decoder's causal LM architecture, for
-    :func:`trainer.hf.parse_config`; a causal LM's as it is.
+    :func:`trainer.hf_config.parse_config`; a causal LM's as it is.
 
     Raises:
-        hf.HFConfigError: ``architectures`` names another class.
+        hf_config.HFConfigError: ``architectures`` names another class.
     """
     archs = raw.get("architectures")
     if isinstance(archs, list) and len(archs) == 1 and archs[0] in SEQ_CLS:
         return {**raw, "architectures": [SEQ_CLS[archs[0]]]}
-    hf.architecture(raw, source)
+    hf_config.architecture(raw, source)
     return dict(raw)
 
 
@@ -207,18 +207,18 @@ def is_classifier(raw: Mapping[str, Any]) -> bool:
     return isinstance(archs, list) and len(archs) == 1 and archs[0] in SEQ_CLS
 
 
-def head_of(raw: Mapping[str, Any], source: str | Path = hf.CONFIG) -> HeadSpec:
+def head_of(raw: Mapping[str, Any], source: str | Path = hf_config.CONFIG) -> HeadSpec:
     """The :class:`HeadSpec` of a classifier's ``config.json``.
 
     Raises:
-        hf.HFConfigError: no ``id2label``, or no ``pad_token_id``.
+        hf_config.HFConfigError: no ``id2label``, or no ``pad_token_id``.
     """
     id2label = raw.get("id2label")
     pad = raw.get("pad_token_id")
     if not isinstance(id2label, dict) or len(id2label) < 2:
-        raise hf.HFConfigError(f"{source}: id2label must name at least two classes")
+        raise hf_config.HFConfigError(f"{source}: id2label must name at least two classes")
     if isinstance(pad, bool) or not isinstance(pad, int):
-        raise hf.HFConfigError(
+        raise hf_config.HFConfigError(
             f"{source}: pad_token_id must be a token id: the pooled token is the last one "
             "that is not padding"
         )
@@ -292,17 +292,17 @@ def load_decoder(model_dir: str | Path, *, seq_len: int = 0) -> SequenceClassifi
     transformers'), at ``seq_len`` (0: as ``run --model`` takes it).
 
     Raises:
-        hf.HFConfigError: not a classifier of a supported decoder (see :func:`head_of`).
+        hf_config.HFConfigError: not a classifier of a supported decoder (see :func:`head_of`).
         hf.HFWeightsError: see :func:`read_weights`.
     """
-    raw = hf.read_config(model_dir)
-    source = Path(model_dir) / hf.CONFIG
+    raw = hf_config.read_config(model_dir)
+    source = Path(model_dir) / hf_config.CONFIG
     if not is_classifier(raw):
-        raise hf.HFConfigError(
+        raise hf_config.HFConfigError(
             f"{source}: architectures {raw.get('architectures')!r} is not a sequence "
             f"classifier; allowed: one of {', '.join([*SEQ_CLS, 'BertForSequenceClassification'])}"
         )
-    cfg = hf.parse_config(causal_config(raw, source), seq_len=seq_len or None, source=source)
+    cfg = hf_config.parse_config(causal_config(raw, source), seq_len=seq_len or None, source=source)
     head = head_of(raw, source)
     return from_state(cfg, head, read_weights(model_dir, cfg, head.num_labels))
 
