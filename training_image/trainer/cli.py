@@ -55,6 +55,39 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trn-train", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
+    _add_prepare_command(sub)
+    run = sub.add_parser("run", help="train, resuming from the newest valid checkpoint")
+    _add_training_args(run)
+    comp = sub.add_parser(
+        "compile",
+        help=f"fill the compile cache: the run's flags, {PRECOMPILE_STEPS} steps, nothing saved",
+    )
+    _add_training_args(comp)
+    comp.add_argument(
+        "--compile-memory-gib",
+        type=_positive_gib,
+        # A string default goes through type= like a flag, so a bad variable is refused alike.
+        default=os.environ.get("TRN_COMPILE_MEMORY_GIB", str(DEFAULT_COMPILE_MEMORY_GIB)),
+        help="host memory per compiling process (each rank of the node compiles); default "
+        "TRN_COMPILE_MEMORY_GIB or %(default)s",
+    )
+
+    _add_eval_command(sub)
+    _add_predict_command(sub)
+    rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
+    rep.add_argument("metrics")
+    rep.add_argument("--out", required=True)
+    _add_hf_commands(sub)
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug",
+            action="store_true",
+            help="show the traceback of an input error (by default: one line, exit status 2)",
+        )
+    return p
+
+
+def _add_prepare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prep = sub.add_parser(
         "prepare-data",
         help="tokenize text into shards: a model's tokenizer (--tokenizer), else bytes",
@@ -98,36 +131,6 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="tokens per shard; default 65536 (bytes), 16M (--tokenizer)",
     )
-
-    run = sub.add_parser("run", help="train, resuming from the newest valid checkpoint")
-    _add_training_args(run)
-    comp = sub.add_parser(
-        "compile",
-        help=f"fill the compile cache: the run's flags, {PRECOMPILE_STEPS} steps, nothing saved",
-    )
-    _add_training_args(comp)
-    comp.add_argument(
-        "--compile-memory-gib",
-        type=_positive_gib,
-        # A string default goes through type= like a flag, so a bad variable is refused alike.
-        default=os.environ.get("TRN_COMPILE_MEMORY_GIB", str(DEFAULT_COMPILE_MEMORY_GIB)),
-        help="host memory per compiling process (each rank of the node compiles); default "
-        "TRN_COMPILE_MEMORY_GIB or %(default)s",
-    )
-
-    _add_eval_command(sub)
-    _add_predict_command(sub)
-    rep = sub.add_parser("report", help="plot loss and throughput of a metrics file")
-    rep.add_argument("metrics")
-    rep.add_argument("--out", required=True)
-    _add_hf_commands(sub)
-    for command in sub.choices.values():
-        command.add_argument(
-            "--debug",
-            action="store_true",
-            help="show the traceback of an input error (by default: one line, exit status 2)",
-        )
-    return p
 
 
 def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -287,7 +290,21 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _add_training_args(run: argparse.ArgumentParser) -> None:
+    """The flags of `run` and `compile`, defaults from :class:`TrainConfig`."""
     d = TrainConfig()
+    for add in (
+        _add_model_args,
+        _add_data_args,
+        _add_optimizer_args,
+        _add_output_args,
+        _add_node_args,
+    ):
+        add(run, d)
+
+
+def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the model (a preset or a Hugging Face directory), LoRA, the
+    sequence length and activation checkpointing."""
     run.add_argument("--preset", choices=list(PRESETS), help=f"default: {d.preset}")
     run.add_argument(
         "--model",
@@ -327,6 +344,10 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         help="recompute each transformer block's forward in backward instead of keeping its "
         f"activations; auto (default) = on above {AUTO_CHECKPOINT_PARAMS:.0e} parameters",
     )
+
+
+def _add_data_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the device, the data and the steps over it."""
     run.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default=d.device)
     run.add_argument(
         "--compile",
@@ -349,6 +370,10 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--micro-batch", type=int, default=d.micro_batch, help="per rank; 0 = preset")
     run.add_argument("--grad-accum", type=int, default=d.grad_accum)
+
+
+def _add_optimizer_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the learning rate, weight decay, warm-up and parallelism."""
     run.add_argument(
         "--lr",
         type=float,
@@ -370,6 +395,10 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--parallel", choices=["ddp", "fsdp"], help="with several ranks; default: preset"
     )
+
+
+def _add_output_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: checkpoints, metrics and eval."""
     run.add_argument("--checkpoint-dir", default=d.checkpoint_dir, help="path or s3:// URI")
     run.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
@@ -388,6 +417,10 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
         help="held-out batches per eval of a token stream (--format text); data of examples "
         "evaluates every held-out example",
     )
+
+
+def _add_node_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the seed, the node and the run's checks."""
     run.add_argument("--seed", type=int, default=d.seed)
     run.add_argument(
         "--instance-type",

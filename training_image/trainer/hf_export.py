@@ -153,8 +153,18 @@ def save_adapter(
     root = check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(root / lora.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = _peft_config(spec, base_model, task_type, saved)
+    (root / lora.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return [lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG]
+
+
+def _peft_config(
+    spec: lora.LoraSpec, base_model: str, task_type: str, saved: Mapping[str, torch.Tensor]
+) -> dict[str, object]:
+    """``adapter_config.json`` of :func:`save_adapter`: PEFT's LoraConfig fields for ``spec``,
+    ``saved`` whole modules named in ``modules_to_save``."""
     alpha: float | int = int(spec.alpha) if spec.alpha.is_integer() else spec.alpha
-    config = {
+    return {
         "peft_type": "LORA",
         "task_type": task_type,
         "base_model_name_or_path": base_model,
@@ -173,8 +183,6 @@ def save_adapter(
         or None,
         "inference_mode": True,
     }
-    (root / lora.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return [lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG]
 
 
 def export_checkpoint(

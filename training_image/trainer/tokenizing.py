@@ -386,23 +386,13 @@ def prepare(
 
     found = input_format(input_path, fmt) if fmt == "auto" else None
     fmt = fmt if found is None else found[0]
-    if eval_input is not None and (eval_fraction is not None or fmt == "text"):
-        raise InputError(
-            "--eval-input takes --format jsonl or chat, without --eval-fraction (its examples "
-            "are the held-out split)"
-        )
-    fraction = 0.01 if eval_fraction is None else eval_fraction
-    data.eval_tokens_for(0, fraction)  # refuses a bad fraction before any tokenizing
-    if seq_len < 0:
-        raise ValueError(f"--seq-len must be >= 1 (0: the model's default), got {seq_len}")
+    fraction = _checked_options(fmt, eval_input, eval_fraction, seq_len)
     tokenizer = HfTokenizer(tokenizer_dir)
     seq_len = seq_len or default_seq_len(tokenizer_dir)
     identity = {**tokenizer.identity, "eos_token_id": tokenizer.eos_id}
     if found is not None:
         print(f"prepare-data: --format auto: {input_path} is {found[0]} ({found[1]})")
-    # Held in memory (at the shards' dtype): the held-out split depends on every example.
-    dtype = data.dtype_for_vocab(tokenizer.vocab_size)
-    docs = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, input_path, fmt)]
+    docs = _examples(tokenizer, input_path, fmt)
     if fmt == "text":
         _check_stream(docs, fraction, seq_len, shard_tokens)
         return data.write_split_dataset(
@@ -413,11 +403,70 @@ def prepare(
             eval_fraction=fraction,
             shard_tokens=shard_tokens,
         )
+    return _write_examples(
+        out, docs, tokenizer, (eval_input, fmt), fraction, seq_len, shard_tokens, identity
+    )
+
+
+def _checked_options(
+    fmt: str, eval_input: Path | None, eval_fraction: float | None, seq_len: int
+) -> float:
+    """The held-out fraction :func:`prepare` takes (``eval_fraction``, default 0.01), once its
+    options are checked, before any tokenizing.
+
+    Raises:
+        InputError: ``eval_input`` with ``text`` or with ``eval_fraction``.
+        ValueError: ``eval_fraction`` outside [0, 0.5]; ``seq_len`` below 0.
+    """
+    from trainer import data
+
+    if eval_input is not None and (eval_fraction is not None or fmt == "text"):
+        raise InputError(
+            "--eval-input takes --format jsonl or chat, without --eval-fraction (its examples "
+            "are the held-out split)"
+        )
+    fraction = 0.01 if eval_fraction is None else eval_fraction
+    data.eval_tokens_for(0, fraction)
+    if seq_len < 0:
+        raise ValueError(f"--seq-len must be >= 1 (0: the model's default), got {seq_len}")
+    return fraction
+
+
+def _examples(
+    tokenizer: HfTokenizer, path: Path, fmt: str
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """The documents of ``path`` (see :func:`documents`), held in memory at the shards' dtype:
+    the held-out split depends on every example."""
+    from trainer import data
+
+    dtype = data.dtype_for_vocab(tokenizer.vocab_size)
+    return [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, path, fmt)]
+
+
+def _write_examples(
+    out: Path,
+    docs: list[tuple[np.ndarray, np.ndarray | None]],
+    tokenizer: HfTokenizer,
+    eval_source: tuple[Path | None, str],
+    eval_fraction: float,
+    seq_len: int,
+    shard_tokens: int,
+    identity: dict[str, object],
+) -> dict[str, object]:
+    """:func:`prepare` of examples: the held-out split (``eval_source``'s file of examples in
+    its format, or else ``eval_fraction`` of ``docs``), each split checked at ``seq_len``, and
+    the dataset written (see :func:`trainer.data.write_examples_dataset`).
+
+    Raises:
+        ValueError: every example of a split is dropped at ``seq_len``.
+    """
+    from trainer import data
+
+    eval_input, fmt = eval_source
     if eval_input is None:
-        train, held_out = data.split_examples(docs, fraction)
+        train, held_out = data.split_examples(docs, eval_fraction)
     else:
-        train = docs
-        held_out = [(d.tokens.astype(dtype), d.mask) for d in documents(tokenizer, eval_input, fmt)]
+        train, held_out = docs, _examples(tokenizer, eval_input, fmt)
     if tokenizer.last_turn_only:
         print(
             f"prepare-data: warning: {tokenizer.last_turn_only} of "
@@ -425,14 +474,7 @@ def prepare(
             "under the chat template, only their last assistant turn is trained",
             file=sys.stderr,
         )
-    reports = {"train": _cut_report(train, seq_len), "eval": _cut_report(held_out, seq_len)}
-    for split, report in reports.items():
-        if report.examples and report.dropped == report.examples:
-            raise ValueError(
-                f"no {split} example fits a row of --seq-len {seq_len}: all {report.examples} "
-                "are dropped (a conversation whose first reply ends past seq_len is dropped); "
-                "give a longer --seq-len or more examples"
-            )
+    reports = _checked_reports({"train": train, "eval": held_out}, seq_len)
     return data.write_examples_dataset(
         out,
         train,
@@ -447,6 +489,25 @@ def prepare(
             }
         },
     )
+
+
+def _checked_reports(
+    splits: dict[str, list[tuple[np.ndarray, np.ndarray | None]]], seq_len: int
+) -> dict[str, CutReport]:
+    """Each split's :class:`~trainer.packing.CutReport` at ``seq_len``.
+
+    Raises:
+        ValueError: every example of a split is dropped.
+    """
+    reports = {split: _cut_report(examples, seq_len) for split, examples in splits.items()}
+    for split, report in reports.items():
+        if report.examples and report.dropped == report.examples:
+            raise ValueError(
+                f"no {split} example fits a row of --seq-len {seq_len}: all {report.examples} "
+                "are dropped (a conversation whose first reply ends past seq_len is dropped); "
+                "give a longer --seq-len or more examples"
+            )
+    return reports
 
 
 def _cut_report(examples: list[tuple[np.ndarray, np.ndarray | None]], seq_len: int) -> CutReport:

@@ -205,6 +205,27 @@ def _cut(tokens: Sequence[np.ndarray], seq_len: int) -> CutReport:
     return cut_report(lengths, np.minimum(lengths, seq_len), seq_len)
 
 
+def _checked_options(eval_input: Path | None, eval_fraction: float | None, seq_len: int) -> float:
+    """The held-out fraction :func:`prepare` takes (``eval_fraction``, default
+    :data:`DEFAULT_EVAL_FRACTION`), once its options are checked, before any reading.
+
+    Raises:
+        tokenizing.InputError: ``eval_input`` with ``eval_fraction``.
+        ValueError: ``eval_fraction`` outside [0, 0.5]; ``seq_len`` below 0.
+    """
+    if eval_input is not None and eval_fraction is not None:
+        raise tokenizing.InputError(
+            "--eval-input and --eval-fraction exclude each other: the file's examples are the "
+            "held-out split"
+        )
+    fraction = DEFAULT_EVAL_FRACTION if eval_fraction is None else eval_fraction
+    if not 0.0 <= fraction <= 0.5:
+        raise ValueError(f"--eval-fraction must be between 0 and 0.5, got {fraction}")
+    if seq_len < 0:
+        raise ValueError(f"--seq-len must be >= 1 (0: the model's default), got {seq_len}")
+    return fraction
+
+
 def prepare(
     out: Path,
     tokenizer_dir: str | Path,
@@ -229,16 +250,7 @@ def prepare(
             than two classes.
         ValueError: ``eval_fraction`` out of range or holding out nothing; ``seq_len`` below 0.
     """
-    if eval_input is not None and eval_fraction is not None:
-        raise tokenizing.InputError(
-            "--eval-input and --eval-fraction exclude each other: the file's examples are the "
-            "held-out split"
-        )
-    fraction = DEFAULT_EVAL_FRACTION if eval_fraction is None else eval_fraction
-    if not 0.0 <= fraction <= 0.5:
-        raise ValueError(f"--eval-fraction must be between 0 and 0.5, got {fraction}")
-    if seq_len < 0:
-        raise ValueError(f"--seq-len must be >= 1 (0: the model's default), got {seq_len}")
+    fraction = _checked_options(eval_input, eval_fraction, seq_len)
     records, multi = read_records(input_path)
     held_records: list[Record] = []
     if eval_input is not None:
