@@ -111,14 +111,16 @@ class TrainingDataPaths(Construct):
     automatic metadata IOPS. ``/datasets`` imports from the datasets bucket and ``/checkpoints``
     exports to the checkpoints bucket, both automatically.
 
-    Two roles for pods, trusted by EKS Pod Identity: ``job_role`` reads datasets and reads and
-    writes checkpoints and the compile cache; ``mountpoint_role`` reads datasets. Bind them to
-    service accounts with :class:`TrainingWorkspace`.
+    Three roles for pods, trusted by EKS Pod Identity: ``job_role`` reads datasets and reads and
+    writes checkpoints and the compile cache; ``mountpoint_role`` reads datasets;
+    ``pipeline_role`` (scheduled pipelines' controllers) reads and writes datasets (versions,
+    manifests, run records) and reads checkpoints (exports). Bind them to service accounts with
+    :class:`TrainingWorkspace` and :class:`PipelineAccess`.
 
     Attributes:
         key, datasets, checkpoints, compile_cache, access_logs, file_system,
         lustre_security_group, dataset_association, checkpoint_association, job_role,
-        mountpoint_role.
+        mountpoint_role, pipeline_role.
 
     Raises:
         ValueError: storage or throughput not allowed for PERSISTENT_2 (or for EFA), EFA with
@@ -211,14 +213,14 @@ class TrainingDataPaths(Construct):
         self.checkpoint_association = self._association(
             "CheckpointsAssociation", CHECKPOINTS_PATH, self.checkpoints, imports=False
         )
-        self.job_role, self.mountpoint_role = self._pod_roles()
+        self.job_role, self.mountpoint_role, self.pipeline_role = self._pod_roles()
 
     @property
     def compile_cache_url(self) -> str:
         """The ``NEURON_COMPILE_CACHE_URL`` for jobs (a token until deploy)."""
         return f"s3://{self.compile_cache.bucket_name}/neuron-compile-cache"
 
-    def _pod_roles(self) -> tuple[iam.Role, iam.Role]:
+    def _pod_roles(self) -> tuple[iam.Role, iam.Role, iam.Role]:
         """Roles for Kubernetes pods (bound to service accounts by EKS Pod Identity elsewhere).
 
         They live here, beside the buckets they reach, so that the data stack never depends on
@@ -228,6 +230,7 @@ class TrainingDataPaths(Construct):
         for construct_id, description in (
             ("JobRole", "Training jobs: read datasets; read and write checkpoints and cache"),
             ("MountpointRole", "Mountpoint S3 CSI driver: read the datasets bucket"),
+            ("PipelineRole", "Pipelines: read and write datasets and models; read exports"),
         ):
             roles.append(
                 iam.Role(
@@ -237,16 +240,29 @@ class TrainingDataPaths(Construct):
                     description=description,
                 )
             )
-        job, mountpoint = roles
+        job, mountpoint, pipeline = roles
         self.datasets.grant_read(job)
         self.checkpoints.grant_read_write(job)
         self.compile_cache.grant_read_write(job)
         self.datasets.grant_read(mountpoint)
+        self.datasets.grant_read_write(pipeline)
+        self.checkpoints.grant_read(pipeline)
         if self.props.datasets_key is not None:
             for role in roles:
                 self.props.datasets_key.grant_decrypt(role)
+            self.props.datasets_key.grant(pipeline, "kms:GenerateDataKey*")
         if self.props.checkpoints_key is not None:
             self.props.checkpoints_key.grant(job, "kms:Decrypt", "kms:GenerateDataKey*")
+            self.props.checkpoints_key.grant_decrypt(pipeline)
+        # Versions are never rewritten: the pipeline writes new keys and conditional updates of
+        # manifests, and has no use for purging the older versions the bucket keeps.
+        pipeline.add_to_policy(
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                actions=["s3:DeleteObjectVersion"],
+                resources=[self.datasets.arn_for_objects("*")],
+            )
+        )
         # grant_read_write's s3:DeleteObject* includes DeleteObjectVersion: a job could purge the
         # older checkpoint versions the bucket keeps for checkpoint_noncurrent_days.
         job.add_to_policy(
@@ -264,7 +280,7 @@ class TrainingDataPaths(Construct):
                 "address objects by key, which cannot be listed ahead of time; deleting object "
                 "versions of checkpoints is denied.",
             )
-        return job, mountpoint
+        return job, mountpoint, pipeline
 
     def allow_mount_from(self, *clients: ec2.IConnectable) -> None:
         """Let ``clients`` mount the file system: node groups (``TrainiumNodeGroup``,

@@ -20,6 +20,7 @@ from constructs_lib import (
     TrainingWorkspaceProps,
     TrainiumNodeGroup,
 )
+from constructs_lib.pipeline import PipelineAccess
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog.outputs import PREVIEW_REGIONS, EnvironmentOutputs, parameter_name
@@ -80,6 +81,19 @@ class WorkloadsStack(Stack):
         for chart in cluster.charts.values():
             self.workspace.manifest.node.add_dependency(chart)
         self.observability = self._observability(config, data)
+        self.pipelines = PipelineAccess(
+            self,
+            "Pipelines",
+            cluster=cluster.icluster,
+            namespace=self.workspace.props.namespace,
+            environment=config.name,
+            role=data.pipeline_role,
+            alert_topic=self.observability.topic,
+            alert_key=self.observability.alert_key,
+            sagemaker=config.model_registry == "sagemaker",
+        )
+        # The namespace comes with the workspace's manifest.
+        self.pipelines.manifest.node.add_dependency(self.workspace.manifest)
         self.outputs = EnvironmentOutputs(
             environment=config.name,
             region=config.region,

@@ -166,7 +166,9 @@ class ImagePython:
 # Hugging Face weights safetensors); botocore comes with boto3. In the xla container, torch-xla
 # comes with torch-neuronx (Neuron's install pages install torch-neuronx alone and describe
 # torch-xla as installed with it) and numpy with torch-xla (its install_requires in pytorch/xla's
-# setup.py).
+# setup.py). trnctl's own (typer, rich, kubernetes, jsonschema, PyYAML) are installed in both for
+# pipelines' controllers, which run `python3 -m trnctl` in the image.
+TRNCTL_DISTRIBUTIONS = ("typer", "rich", "kubernetes", "jsonschema", "PyYAML")
 IMAGE_PYTHON: Mapping[str, ImagePython] = MappingProxyType(
     {
         "native": ImagePython(
@@ -178,11 +180,12 @@ IMAGE_PYTHON: Mapping[str, ImagePython] = MappingProxyType(
                 "numpy",
                 "boto3",
                 "safetensors",
+                *TRNCTL_DISTRIBUTIONS,
             ),
             transitive=MappingProxyType({"botocore": "boto3"}),
         ),
         "xla": ImagePython(
-            installed=("boto3", "safetensors"),
+            installed=("boto3", "safetensors", *TRNCTL_DISTRIBUTIONS),
             from_base=("torch", "torch-neuronx", "neuronx-cc"),
             transitive=MappingProxyType(
                 {"botocore": "boto3", "torch-xla": "torch-neuronx", "numpy": "torch-xla"}

@@ -23,6 +23,7 @@ from trnctl.commands import (
     data,
     job,
     model,
+    pipeline,
     preflight,
     preview,
     validate,
@@ -76,6 +77,7 @@ app.add_typer(preview.app, name="preview")
 app.add_typer(model.app, name="model")
 app.add_typer(code.app, name="code")
 app.add_typer(job.app, name="job")
+app.add_typer(pipeline.app, name="pipeline")
 app.command("validate")(validate.validate_command)
 app.command("cost")(cost.cost_command)
 app.command("compare")(compare.compare_command)

@@ -157,6 +157,35 @@ def configuration(
     return config
 
 
+# Where a pod finds its ServiceAccount's token and the cluster's CA (Kubernetes' "Accessing the
+# Kubernetes API from a Pod"), and the variables the kubelet sets for the API server's address.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+
+
+def in_cluster() -> bool:
+    """Whether trnctl runs in a pod with a ServiceAccount token (a pipeline's controller)."""
+    return all(os.environ.get(name) for name in IN_CLUSTER_ENV) and os.path.isfile(
+        os.path.join(SERVICE_ACCOUNT_DIR, "token")
+    )
+
+
+def connect_in_cluster() -> k8s.ApiClient:
+    """An API client as the pod's ServiceAccount (its projected token, re-read before each
+    request once older than :data:`TOKEN_REFRESH_S`, since the kubelet rotates it)."""
+    host = os.environ[IN_CLUSTER_ENV[0]]
+    port = os.environ[IN_CLUSTER_ENV[1]]
+    endpoint = ClusterEndpoint("in-cluster", f"https://{host}:{port}", None)
+
+    def read_token() -> str:
+        with open(os.path.join(SERVICE_ACCOUNT_DIR, "token"), encoding="utf-8") as handle:
+            return handle.read().strip()
+
+    config = configuration(endpoint, read_token)
+    config.ssl_ca_cert = os.path.join(SERVICE_ACCOUNT_DIR, "ca.crt")
+    return k8s.ApiClient(config)
+
+
 def connect(cluster_name: str, region: str) -> k8s.ApiClient:
     """An API client for the EKS cluster ``cluster_name`` in ``region``."""
     endpoint = describe(aws.client("eks", region), cluster_name)
@@ -277,6 +306,32 @@ class Cluster:
             )
         return found
 
+    def find(self, name: str) -> dict[str, Any] | None:
+        """The TrainJob ``name``, or None when there is none."""
+        try:
+            found: dict[str, Any] = self._custom(
+                self.custom.get_namespaced_custom_object, jobs.PLURAL, name=name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise _from_api(error, f"read TrainJob {name} in {self.namespace}", None) from None
+        return found
+
+    def delete(self, name: str) -> None:
+        """Deletes the TrainJob ``name`` and, in the background, its pods (absent: nothing)."""
+        with calling(f"delete TrainJob {name} in {self.namespace}"):
+            try:
+                self._custom(
+                    self.custom.delete_namespaced_custom_object,
+                    jobs.PLURAL,
+                    name=name,
+                    propagation_policy="Background",
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
     def pods(self, name: str, *, index: int | None = None) -> list[Any]:
         with calling(f"list the pods of TrainJob {name} in {self.namespace}"):
             listed = self.core.list_namespaced_pod(
@@ -364,3 +419,92 @@ class Cluster:
                     yield pending.decode(errors="replace")
             finally:
                 response.release_conn()
+
+
+class CronJobs:
+    """The CronJobs and Jobs of one namespace (pipelines), and events about them."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.batch = k8s.BatchV1Api(api)
+        self.core = k8s.CoreV1Api(api)
+        self.api = api
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        found: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return found
+
+    def get(self, name: str) -> dict[str, Any]:
+        with calling(
+            f"read CronJob {name} in {self.namespace}",
+            not_found=f"pipeline {name!r} not found (no CronJob {name} in {self.namespace!r})",
+        ):
+            found = self.batch.read_namespaced_cron_job(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+        return self._plain(found)
+
+    def list(self, selector: str) -> list[dict[str, Any]]:
+        with calling(f"list the CronJobs labelled {selector} in {self.namespace}"):
+            listed = self.batch.list_namespaced_cron_job(
+                self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT
+            )
+        return [self._plain(item) for item in listed.items]
+
+    def apply(self, cronjob: dict[str, Any]) -> str:
+        """Creates ``cronjob``, or replaces the one of its name; ``created`` or ``replaced``."""
+        name = cronjob["metadata"]["name"]
+        with calling(f"create CronJob {name} in {self.namespace}"):
+            try:
+                self.batch.create_namespaced_cron_job(
+                    self.namespace, cronjob, _request_timeout=REQUEST_TIMEOUT
+                )
+                return "created"
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+            current = self.batch.read_namespaced_cron_job(
+                name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
+            body = {**cronjob, "metadata": {**cronjob["metadata"]}}
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            self.batch.replace_namespaced_cron_job(
+                name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            )
+        return "replaced"
+
+    def suspend(self, name: str, suspended: bool) -> None:
+        with calling(
+            f"patch CronJob {name} in {self.namespace}",
+            not_found=f"pipeline {name!r} not found (no CronJob {name} in {self.namespace!r})",
+        ):
+            self.batch.patch_namespaced_cron_job(
+                name,
+                self.namespace,
+                {"spec": {"suspend": suspended}},
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+
+    def delete(self, name: str) -> None:
+        with calling(
+            f"delete CronJob {name} in {self.namespace}",
+            not_found=f"pipeline {name!r} not found (no CronJob {name} in {self.namespace!r})",
+        ):
+            self.batch.delete_namespaced_cron_job(
+                name,
+                self.namespace,
+                propagation_policy="Background",
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+
+    def create_job(self, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        with calling(f"create Job {name} in {self.namespace}"):
+            self.batch.create_namespaced_job(self.namespace, job, _request_timeout=REQUEST_TIMEOUT)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Records ``event`` (a core/v1 Event) in the namespace."""
+        with calling(f"record an event in {self.namespace}"):
+            self.core.create_namespaced_event(
+                self.namespace, event, _request_timeout=REQUEST_TIMEOUT
+            )

@@ -148,6 +148,7 @@ def test_pod_identity_for_addons_that_call_aws(dev: Synth) -> None:
         ("neuron-healthcheck-system", "node-problem-detector"),
         ("kube-system", "s3-csi-driver-sa"),
         ("training", "trainer"),
+        ("training", "trn-pipelines"),
     }
 
 

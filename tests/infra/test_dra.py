@@ -47,7 +47,14 @@ def values(synth: Synth, release: str) -> dict[str, Any]:
 
 
 def workspace_objects(synth: Synth) -> list[dict[str, Any]]:
-    (manifest,) = synth.resources("workloads", "Custom::AWSCDK-EKS-KubernetesResource").values()
+    # The workspace's manifest (the workloads stack also applies pipelines' ServiceAccount).
+    (manifest,) = [
+        resource
+        for logical_id, resource in synth.resources(
+            "workloads", "Custom::AWSCDK-EKS-KubernetesResource"
+        ).items()
+        if logical_id.startswith("Workspace")
+    ]
     text = manifest["Properties"]["Manifest"]
     if not isinstance(text, str):
         # Tokens (bucket names, file system ids) make it an Fn::Join; the objects' shape is all

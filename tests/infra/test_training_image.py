@@ -196,6 +196,27 @@ def _pinned(file: str, name: str) -> str:
     raise AssertionError(f"{name} is not pinned in {file}")
 
 
+# trnctl's dependencies in the images (a pipeline's controller runs `python3 -m trnctl` there), by
+# their build argument and their package.
+TRNCTL_PINS = {
+    "TYPER_VERSION": "typer",
+    "RICH_VERSION": "rich",
+    "KUBERNETES_VERSION": "kubernetes",
+    "JSONSCHEMA_VERSION": "jsonschema",
+}
+
+
+def test_the_images_carry_trnctl_at_the_versions_trnctl_is_tested_with() -> None:
+    import yaml
+
+    neuron = _args(NEURON_DOCKERFILE)
+    for arg, package in TRNCTL_PINS.items():
+        assert neuron[arg] == _pinned("requirements.txt", package), arg
+    assert neuron["PYYAML_VERSION"] == yaml.__version__
+    for dockerfile in (NEURON_DOCKERFILE, CUDA_DOCKERFILE):
+        assert "COPY trnctl ./trnctl" in dockerfile.read_text()
+
+
 def test_cuda_image_takes_the_trainers_torch_from_the_official_cuda_index() -> None:
     args = _args(CUDA_DOCKERFILE)
     text = CUDA_DOCKERFILE.read_text()
@@ -217,6 +238,8 @@ def test_cuda_image_base_is_an_official_image_at_an_exact_tag() -> None:
 def test_cuda_image_shares_the_neuron_images_pins_and_contents() -> None:
     cuda, neuron = _args(CUDA_DOCKERFILE), _args(NEURON_DOCKERFILE)
     for pin in ("EFA_INSTALLER_VERSION", "NUMPY_VERSION", "BOTO3_VERSION", "SAFETENSORS_VERSION"):
+        assert cuda[pin] == neuron[pin], pin
+    for pin in TRNCTL_PINS:
         assert cuda[pin] == neuron[pin], pin
     copied = re.compile(r"^COPY\s+(\S+)\s", flags=re.MULTILINE)
     assert copied.findall(CUDA_DOCKERFILE.read_text()) == copied.findall(

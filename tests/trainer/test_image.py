@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trn_catalog import neuron_releases
 from trn_catalog.neuron_releases import IMAGE_PYTHON, NATIVE, XLA
@@ -59,6 +60,7 @@ def test_dockerignore_admits_only_what_the_image_copies() -> None:
     assert copied == [
         "trn_catalog",
         "training_image/trainer",
+        "trnctl",
         "training_image/corpus",
         "training_image/entrypoint.py",
     ]
@@ -208,9 +210,15 @@ def test_xla_stage_is_the_last_release_that_supports_pytorch_xla_training() -> N
 def test_pins_shared_with_the_repository_match_its_requirements() -> None:
     """boto3, safetensors and numpy at the versions the trainer is tested with here; torch at the
     one the release pairs TorchNeuron with, which is also the one tested here."""
-    assert STAGES["trainer"].pip_pins() == {
+    pins = STAGES["trainer"].pip_pins()
+    assert pins.pop("PyYAML") == yaml.__version__  # trnctl's, not pinned in requirements
+    assert pins == {
         "boto3": _requirement("requirements.txt", "boto3"),
         "safetensors": _requirement("requirements-dev.txt", "safetensors"),
+        **{
+            name: _requirement("requirements.txt", name)
+            for name in ("typer", "rich", "kubernetes", "jsonschema")
+        },
     }
     native = STAGES["stack-native"].pip_pins()
     assert native["numpy"] == _requirement("requirements.txt", "numpy")

@@ -1,6 +1,7 @@
 """A tiny Kubernetes API server on 127.0.0.1 with just the endpoints trnctl calls, so that the
-real kubernetes client's requests run end to end: TrainingRuntime get, TrainJob create/get, pod
-and node lists by label selector, pod log (plain, follow, and the previous container's)."""
+real kubernetes client's requests run end to end: TrainingRuntime get, TrainJob create/get/delete,
+pod and node lists by label selector, pod log (plain, follow, and the previous container's), and
+for pipelines CronJob create/get/list/replace/patch/delete, Job create and Event create."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 TRAINER = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/(?P<ns>[^/]+)"
+BATCH = "/apis/batch/v1/namespaces/(?P<ns>[^/]+)"
 ROUTES = [
     ("GET", re.compile(TRAINER + r"/trainingruntimes/(?P<name>[^/]+)$"), "runtime"),
     ("POST", re.compile(TRAINER + r"/trainjobs$"), "create"),
@@ -21,6 +23,15 @@ ROUTES = [
     ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods$"), "pods"),
     ("GET", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)/log$"), "log"),
     ("GET", re.compile(r"/api/v1/nodes$"), "nodes"),
+    ("DELETE", re.compile(TRAINER + r"/trainjobs/(?P<name>[^/]+)$"), "delete"),
+    ("POST", re.compile(BATCH + r"/cronjobs$"), "cron_create"),
+    ("GET", re.compile(BATCH + r"/cronjobs$"), "cron_list"),
+    ("GET", re.compile(BATCH + r"/cronjobs/(?P<name>[^/]+)$"), "cron_get"),
+    ("PUT", re.compile(BATCH + r"/cronjobs/(?P<name>[^/]+)$"), "cron_replace"),
+    ("PATCH", re.compile(BATCH + r"/cronjobs/(?P<name>[^/]+)$"), "cron_patch"),
+    ("DELETE", re.compile(BATCH + r"/cronjobs/(?P<name>[^/]+)$"), "cron_delete"),
+    ("POST", re.compile(BATCH + r"/jobs$"), "job_create"),
+    ("POST", re.compile(r"/api/v1/namespaces/(?P<ns>[^/]+)/events$"), "event"),
 ]
 
 
@@ -51,6 +62,10 @@ class FakeKube:
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)
     provider_ids: dict[str, str] = field(default_factory=dict)
     on_create: Callable[[dict[str, Any]], None] | None = None
+    cronjobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batch_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
 
     def add_pod(
@@ -126,6 +141,14 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return all(labels.get(k) == v for k, v in wanted.items())
 
 
+def _matches_existence(labels: dict[str, str], selector: str) -> bool:
+    """``key=value`` terms as :func:`_matches`, and a bare ``key``: the label exists."""
+    terms = [term for term in selector.split(",") if term]
+    present = [t for t in terms if "=" not in t]
+    equal = ",".join(t for t in terms if "=" in t)
+    return all(t in labels for t in present) and _matches(labels, equal)
+
+
 def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = 10
@@ -171,6 +194,94 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             self._route("POST")
+
+        def do_PUT(self) -> None:
+            self._route("PUT")
+
+        def do_PATCH(self) -> None:
+            self._route("PATCH")
+
+        def do_DELETE(self) -> None:
+            self._route("DELETE")
+
+        def _delete(self, p: dict[str, str], q: Any, body: Any) -> None:
+            if state.trainjobs.pop(p["name"], None) is None:
+                self._send(
+                    404, _status(404, f'trainjobs.trainer.kubeflow.org "{p["name"]}" not found')
+                )
+                return
+            state.deleted.append(p["name"])
+            state.pods = [
+                pod
+                for pod in state.pods
+                if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") != p["name"]
+            ]
+            self._send(200, _status(200, "deleted") | {"status": "Success"})
+
+        def _missing_cronjob(self, name: str) -> None:
+            self._send(404, _status(404, f'cronjobs.batch "{name}" not found'))
+
+        def _cron_create(self, p: dict[str, str], q: Any, body: Any) -> None:
+            name = body["metadata"]["name"]
+            if name in state.cronjobs:
+                self._send(409, _status(409, f'cronjobs.batch "{name}" already exists'))
+                return
+            stored = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+            state.cronjobs[name] = stored
+            self._send(201, stored)
+
+        def _cron_list(self, p: dict[str, str], q: dict[str, list[str]], body: Any) -> None:
+            selector = q.get("labelSelector", [""])[0]
+            items = [
+                c
+                for c in state.cronjobs.values()
+                if _matches_existence(c["metadata"].get("labels", {}), selector)
+            ]
+            self._send(200, {"apiVersion": "batch/v1", "kind": "CronJobList", "items": items})
+
+        def _cron_get(self, p: dict[str, str], q: Any, body: Any) -> None:
+            if p["name"] not in state.cronjobs:
+                self._missing_cronjob(p["name"])
+            else:
+                self._send(200, state.cronjobs[p["name"]])
+
+        def _cron_replace(self, p: dict[str, str], q: Any, body: Any) -> None:
+            current = state.cronjobs.get(p["name"])
+            if current is None:
+                self._missing_cronjob(p["name"])
+                return
+            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                self._send(409, _status(409, "the object has been modified"))
+                return
+            version = str(int(current["metadata"]["resourceVersion"]) + 1)
+            state.cronjobs[p["name"]] = {
+                **body,
+                "metadata": {**body["metadata"], "resourceVersion": version},
+            }
+            self._send(200, state.cronjobs[p["name"]])
+
+        def _cron_patch(self, p: dict[str, str], q: Any, body: Any) -> None:
+            current = state.cronjobs.get(p["name"])
+            if current is None:
+                self._missing_cronjob(p["name"])
+                return
+            current["spec"] = {**current["spec"], **body.get("spec", {})}
+            self._send(200, current)
+
+        def _cron_delete(self, p: dict[str, str], q: Any, body: Any) -> None:
+            if state.cronjobs.pop(p["name"], None) is None:
+                self._missing_cronjob(p["name"])
+            else:
+                self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+        def _job_create(self, p: dict[str, str], q: Any, body: Any) -> None:
+            state.batch_jobs[body["metadata"]["name"]] = body
+            self._send(201, body)
+
+        def _event(self, p: dict[str, str], q: Any, body: Any) -> None:
+            state.events.append(body)
+            named = {**body, "metadata": {**body["metadata"], "name": f"e{len(state.events)}"}}
+            self._send(201, named)
 
         def _runtime(self, p: dict[str, str], q: Any, body: Any) -> None:
             if state.runtime is None:
