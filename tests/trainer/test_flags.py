@@ -40,8 +40,8 @@ def expected_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
 @pytest.mark.parametrize(
     ("flags", "peak", "warmup"),
     [
-        ((), PRESETS["tiny"].lr, 2),  # default warm-up: 10% of 20 steps; the preset's peak
-        (("--lr", "0.01"), 0.01, 2),
+        ((), PRESETS["tiny"].lr, 20),  # default warm-up: the floor, the whole run; preset's peak
+        (("--lr", "0.01"), 0.01, 20),
         (("--warmup-steps", "5", "--lr", "0.002"), 0.002, 5),
     ],
     ids=["defaults", "lr", "warmup-steps"],
@@ -58,8 +58,13 @@ def test_learning_rate_flags_reach_every_step(
     assert got == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize(("max_steps", "warmup"), [(20, 2), (999, 99), (5000, 100), (5, 0)])
-def test_default_warmup_is_a_tenth_of_the_run_capped_at_100(max_steps: int, warmup: int) -> None:
+@pytest.mark.parametrize(
+    ("max_steps", "warmup"),
+    [(5, 5), (20, 20), (30, 20), (250, 25), (999, 99), (5000, 100)],
+)
+def test_default_warmup_is_a_tenth_of_the_run_from_20_to_100_steps(
+    max_steps: int, warmup: int
+) -> None:
     args = cli._parser().parse_args(["run", "--data", "d", "--max-steps", str(max_steps)])
     assert cli.train_config(args).warmup == warmup
 

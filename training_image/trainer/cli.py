@@ -390,7 +390,7 @@ def _add_optimizer_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         "--warmup-steps",
         type=int,
         default=d.warmup_steps,
-        help="-1 = 10%% of max steps, at most 100",
+        help="-1 = 10%% of max steps, at least 20 and at most 100 (never more than the run)",
     )
     run.add_argument(
         "--parallel", choices=["ddp", "fsdp"], help="with several ranks; default: preset"
