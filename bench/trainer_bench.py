@@ -10,7 +10,8 @@ load from other processes falls on both:
   (no biases, exact GELU), which does less work per token than the preset.
 - trainer_vs_bare_tokens_per_s: the full trainer (loader, LR schedule, clipping, metrics)
   against a bare PyTorch loop on the same ``small`` model and batch, both eager fp32 (goal >= 0.97).
-- cpu_mfu: the trainer's model FLOP/s over a measured fp32 matmul peak (goal >= 0.60).
+- cpu_mfu: the trainer's model FLOP/s over the CPU peak the run header uses
+  (``trainer.device.cpu_peak_flops``; goal >= 0.60).
 - loader_tokens_per_s: one process, random windows, batch 8 x 2048 (goal >= 10M).
 - checkpoint_write_vs_dd: checkpoint write bandwidth over ``dd conv=fsync`` of the same size to
   the same directory (goal >= 0.5).
@@ -44,7 +45,7 @@ import torch
 from trainer import data, metrics, optim
 from trainer.checkpoint import Checkpointer, LocalStore
 from trainer.config import PRESETS, TrainConfig
-from trainer.device import measured_cpu_matmul_flops
+from trainer.device import cpu_peak_flops
 from trainer.loop import train
 from trainer.model import GPT
 from trainer.model_spec import model_config
@@ -193,8 +194,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
         work = Path(tmp)
         data.prepare_corpus(work / "corpus")
-        measured_cpu_matmul_flops.cache_clear()
-        peak = max(measured_cpu_matmul_flops(2048, 5) for _ in range(2))
+        peak = cpu_peak_flops()
         tokens = np.concatenate(data.open_dataset(work / "corpus").shards)
         trainer_tps, mfus = [], []
         baselines: dict[str, Callable[[], float]] = {

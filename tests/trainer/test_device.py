@@ -288,3 +288,34 @@ def test_torchneuron_refuses_a_compiled_fsdp2_by_name(monkeypatch: pytest.Monkey
     cpu = device.Backend(compile_backend="inductor")
     cpu.fit_compile(sharded=True)  # elsewhere FSDP2 compiles per block, as before
     assert cpu.compile_backend == "inductor"
+
+
+def test_the_cpu_peak_is_the_best_product_on_all_threads_or_on_one_times_the_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every product of PEAK_PRODUCTS is timed on the process's threads and on one thread; the
+    peak is the best of those rates, one thread's times the thread count; the thread count is
+    the process's again afterwards."""
+    threads = torch.get_num_threads()
+    timed: list[tuple[tuple[int, int, int], int, float]] = []
+    product_flops = device._product_flops
+
+    def recorded(rows: int, inner: int, columns: int, repeats: int) -> float:
+        rate = product_flops(rows, inner, columns, repeats)
+        timed.append(((rows, inner, columns), torch.get_num_threads(), rate))
+        return rate
+
+    monkeypatch.setattr(device, "_product_flops", recorded)
+    peak = device.cpu_peak_flops.__wrapped__(repeats=1)
+
+    assert torch.get_num_threads() == threads
+    shapes = device.PEAK_PRODUCTS
+    assert sorted((shape, n) for shape, n, _ in timed) == sorted(
+        [(shape, threads) for shape in shapes] + [(shape, 1) for shape in shapes]
+    )
+    assert peak == max(rate * (threads if n == 1 else 1) for _, n, rate in timed)
+
+
+def test_the_cpu_backends_peak_is_the_one_cpu_peak() -> None:
+    """The run header's peak on CPU (see test_loop) and the bench's are this one figure."""
+    assert device.Backend().peak_flops(instance_type="") == device.cpu_peak_flops()

@@ -37,6 +37,29 @@ RUN = (
 )
 
 
+def test_a_cpu_run_measures_its_mfu_against_the_one_cpu_peak(
+    corpus_dir: Path, tmp_path: Path
+) -> None:
+    """Without --peak-flops the run header's peak is the CPU peak that `make bench` uses too
+    (trainer.device.cpu_peak_flops), and each record's MFU is over it."""
+    out = tmp_path / "m.jsonl"
+    cfg = TrainConfig(
+        preset="tiny",
+        device="cpu",
+        compile="none",
+        data=str(corpus_dir),
+        max_steps=2,
+        log_every=1,
+        metrics=str(out),
+    )
+    train(cfg)
+    (header,) = metrics.headers(out)
+    assert header["peak_flops_per_rank"] == device.cpu_peak_flops()
+    for r in metrics.read(out):
+        achieved = r["tokens_per_s"] * header["flops_per_token"]
+        assert r["mfu"] == pytest.approx(achieved / device.cpu_peak_flops(), rel=1e-12)
+
+
 def test_loss_falls(corpus_dir: Path, tmp_path: Path) -> None:
     cfg = TrainConfig(
         preset="tiny",
