@@ -37,9 +37,6 @@ from typing import Any
 
 # A benchmark never reaches the hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
-# What importing the trainer sets (see trainer/__init__.py), set before torch is imported here;
-# the transformers loop in this process gets it too.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
