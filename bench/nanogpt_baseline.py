@@ -6,20 +6,31 @@ query/key/value projection and ``scaled_dot_product_attention(is_causal=True)``,
 times the width, the output head tied to the token embedding, GPT-2's init with the residual
 projections scaled by ``1/sqrt(2 * layers)``, AdamW with decay on matrices only and
 ``fused=True`` only on CUDA, the cosine learning-rate schedule set on every step, gradient
-clipping at 1.0, ``zero_grad(set_to_none=True)``, batches of random windows stacked from the
-token array, and ``loss.item()`` on every step (its default ``log_interval`` of 1). Dropout is
-left out: nanoGPT's default rate is 0, where ``nn.Dropout`` returns its input.
+clipping at 1.0, ``zero_grad(set_to_none=True)``, batches of random windows stacked from a
+uint16 token file memory-mapped afresh for every batch, and ``loss.item()`` on every step (its
+default ``log_interval`` of 1). Dropout is left out: nanoGPT's default rate is 0, where
+``nn.Dropout`` returns its input.
 
 Two architecture choices are options, because the trainer's ``small`` preset makes them
-differently from nanoGPT's defaults: ``bias`` (nanoGPT: off by default, an option; the preset:
-on) and ``gelu`` (nanoGPT: the exact erf form, ``"none"``; the preset: GPT-2's tanh
-approximation, ``"tanh"``). ``bias=True, gelu="tanh"`` is the like-for-like baseline.
+differently from nanoGPT's defaults: ``bias`` (nanoGPT: off by default, ``--bias=True`` turns it
+on; the preset: on) and ``gelu`` (nanoGPT: the exact erf form, ``"none"``, with no option; the
+preset: GPT-2's tanh approximation, ``"tanh"``). ``bias=True, gelu="none"`` is nanoGPT's
+train.py with ``--bias=True``; ``bias=True, gelu="tanh"`` computes the preset's function.
+
+Run as a script (``python bench/nanogpt_baseline.py --tokens FILE ...``, see ``--help``) it is a
+process of its own that imports torch and numpy only, never the trainer, and prints one JSON
+line: its tokens/s and the environment it ran with.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -123,7 +134,7 @@ def cosine_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
 
 
 def tokens_per_s(
-    tokens: np.ndarray,
+    tokens: np.ndarray | Path,
     *,
     layers: int,
     heads: int,
@@ -136,8 +147,9 @@ def tokens_per_s(
     warmup_steps: int,
     measured_steps: int,
 ) -> float:
-    """Trains on random windows of ``tokens`` (CPU, fp32, eager) and returns the tokens/s of the
-    ``measured_steps`` after ``warmup_steps``."""
+    """Trains on random windows of ``tokens`` (an array, or a uint16 file that is memory-mapped
+    for every batch, as nanoGPT's ``get_batch`` does) on CPU, fp32, eager, and returns the
+    tokens/s of the ``measured_steps`` after ``warmup_steps``."""
     torch.manual_seed(1337)
     model = Baseline(
         layers=layers,
@@ -152,12 +164,11 @@ def tokens_per_s(
     total = warmup_steps + measured_steps
 
     def batch_of_windows() -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(tokens) - seq_len, (batch,)).tolist()
-        x = torch.stack(
-            [torch.from_numpy(tokens[i : i + seq_len].astype(np.int64)) for i in starts]
-        )
+        data = np.memmap(tokens, dtype=np.uint16, mode="r") if isinstance(tokens, Path) else tokens
+        starts = torch.randint(len(data) - seq_len, (batch,)).tolist()
+        x = torch.stack([torch.from_numpy(data[i : i + seq_len].astype(np.int64)) for i in starts])
         y = torch.stack(
-            [torch.from_numpy(tokens[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in starts]
+            [torch.from_numpy(data[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in starts]
         )
         return x, y
 
@@ -176,3 +187,41 @@ def tokens_per_s(
         opt.zero_grad(set_to_none=True)
         loss.item()
     return measured_steps * batch * seq_len / (time.perf_counter() - began)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs :func:`tokens_per_s` on ``--tokens`` and prints ``{"tokens_per_s", "env",
+    "torch_threads"}`` as one JSON line; ``env`` is this process's whole environment."""
+    p = argparse.ArgumentParser(description="nanoGPT-equivalent loop: tokens/s on CPU, fp32")
+    p.add_argument("--tokens", type=Path, required=True, help="uint16 token file (train.bin)")
+    for name in ("layers", "heads", "width", "seq-len", "vocab", "batch"):
+        p.add_argument(f"--{name}", type=int, required=True)
+    p.add_argument("--bias", action="store_true", help="GPT-2's biases (nanoGPT's --bias=True)")
+    p.add_argument("--gelu", choices=["none", "tanh"], default="none")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--measured-steps", type=int, default=4)
+    args = p.parse_args(argv)
+    rate = tokens_per_s(
+        args.tokens,
+        layers=args.layers,
+        heads=args.heads,
+        width=args.width,
+        seq_len=args.seq_len,
+        vocab=args.vocab,
+        batch=args.batch,
+        bias=args.bias,
+        gelu=args.gelu,
+        warmup_steps=args.warmup_steps,
+        measured_steps=args.measured_steps,
+    )
+    record = {
+        "tokens_per_s": rate,
+        "env": dict(os.environ),
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

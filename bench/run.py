@@ -4,9 +4,9 @@ Writes bench/results.json afresh: a ``run`` section (the command, when, the mach
 before and after, the exit status), then the synth, trainer, fine_tuning, packing and checkpoint
 sections of the scripts; then renders it as docs/performance-measured.md (bench/page.py). Stops
 at the first benchmark that exits non-zero (trainer_bench.py when its nanoGPT figure misses the
-goal, hf_bench.py when either of its figures with a goal does, packing_bench.py when packed rows
-fall below 0.9 of the stream's tokens/s; checkpoint_bench.py has no goal); the page then shows
-what ran, and `make bench` fails.
+goal or its CPU MFU is above 1, hf_bench.py when either of its figures with a goal does,
+packing_bench.py when packed rows fall below 0.9 of the stream's tokens/s; checkpoint_bench.py
+has no goal); the page then shows what ran, and `make bench` fails.
 """
 
 from __future__ import annotations
