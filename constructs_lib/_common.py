@@ -104,7 +104,7 @@ def acknowledge_managed_policies(role: iam.IRole, reason: str) -> None:
     if not isinstance(cfn, iam.CfnRole):
         raise TypeError(f"{role.node.path} is not a role created in this app")
     for arn in _as_list(Stack.of(role).resolve(cfn.managed_policy_arns)):
-        acknowledge(role, f"AwsSolutions-IAM4[Policy::{_flatten(arn)}]", reason)
+        acknowledge(role, f"AwsSolutions-IAM4[Policy::{nag_reference(arn)}]", reason)
 
 
 # The id CDK gives AwsCustomResource's one Lambda function per stack.
@@ -177,7 +177,7 @@ def _wildcard_findings(document: dict[str, Any]) -> set[str]:
             if "*" in action:
                 findings.add(f"Action::{action}")
         for resource in _as_list(statement.get("Resource")):
-            flat = _flatten(resource)
+            flat = nag_reference(resource)
             if "*" in flat:
                 findings.add(f"Resource::{flat}")
     return findings
@@ -189,22 +189,22 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _flatten(node: Any) -> str:
+def nag_reference(node: Any) -> str:
     """A CloudFormation reference as cdk-nag names it in a finding id."""
     if isinstance(node, str):
         return node.replace("${", "<").replace("}", ">")
     if "Fn::Join" in node:
         delimiter, items = node["Fn::Join"]
-        return str(delimiter).join(_flatten(item) for item in items)
+        return str(delimiter).join(nag_reference(item) for item in items)
     if "Fn::Sub" in node:
-        return _flatten(node["Fn::Sub"])
+        return nag_reference(node["Fn::Sub"])
     if "Fn::GetAtt" in node:
         resource, attribute = node["Fn::GetAtt"]
-        return f"<{_flatten(resource)}.{_flatten(attribute)}>"
+        return f"<{nag_reference(resource)}.{nag_reference(attribute)}>"
     if "Fn::ImportValue" in node:
-        return _flatten(node["Fn::ImportValue"])
+        return nag_reference(node["Fn::ImportValue"])
     if "Ref" in node:
-        return f"<{_flatten(node['Ref'])}>"
+        return f"<{nag_reference(node['Ref'])}>"
     return json.dumps(node, separators=(",", ":"))
 
 

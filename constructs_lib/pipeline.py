@@ -11,8 +11,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from constructs_lib._common import _flatten as flatten
-from constructs_lib._common import acknowledge
+from constructs_lib._common import acknowledge, nag_reference
 from trn_catalog import workspace as ws
 from trn_catalog.outputs import parameter_name
 
@@ -103,7 +102,7 @@ class PipelineAccess(Construct):
         for arn in sagemaker_arns:
             acknowledge(
                 self.policy,
-                f"AwsSolutions-IAM5[Resource::{flatten(stack.resolve(arn))}]",
+                f"AwsSolutions-IAM5[Resource::{nag_reference(stack.resolve(arn))}]",
                 "Model package groups and packages are named per model as pipelines and trnctl "
                 "register them; the environment's prefix bounds them.",
             )

@@ -368,3 +368,20 @@ def test_in_a_pod_trnctl_uses_its_service_account(monkeypatch: Any, tmp_path: An
     assert config.host == "https://10.100.0.1:443"
     assert config.ssl_ca_cert == str(tmp_path / "ca.crt")
     assert config.get_api_key_with_prefix("BearerToken") == "Bearer sa-token"
+
+
+def test_the_controller_command_runs_as_the_cronjob_starts_it() -> None:
+    """`python3 -m trnctl pipeline tick` (the CronJob's command) reaches the command."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "trnctl", "pipeline", "tick", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "Run (or resume) one run of the pipeline" in done.stdout
