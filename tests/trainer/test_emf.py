@@ -184,3 +184,24 @@ def test_a_malformed_endpoint_is_refused_naming_the_variable(endpoint: str) -> N
     env = {obs.EMF_AGENT_ENDPOINT_ENV: endpoint, obs.ENVIRONMENT_ENV: "e", obs.JOB_ENV: "j"}
     with pytest.raises(ValueError, match=rf"AWS_EMF_AGENT_ENDPOINT '{endpoint}' is not tcp://"):
         emf.from_env(env)
+
+
+def test_a_non_finite_value_is_left_out_and_the_document_stays_json(agent: Agent) -> None:
+    """JSON has no NaN or infinity (RFC 8259; the EMF specification asks for numbers): a
+    diverged run's NaN loss is left out and its other figures still reach the agent."""
+    sink = emf.EmfSink(f"tcp://127.0.0.1:{agent.port}", environment="e", job="j")
+    sink.train({"step": 3, "loss": float("nan"), "tokens_per_s": float("inf"), "mfu": 0.25})
+    sink.close()
+    agent.thread.join(timeout=5)
+
+    (line,) = agent.lines
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    doc = json.loads(line, parse_constant=refuse)
+    assert check_emf(doc) == []
+    names = [m["Name"] for m in doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]]
+    assert obs.LOSS not in doc and obs.TOKENS_PER_SECOND not in doc
+    assert names == [obs.STEP, obs.LOGGED_INTERVALS, obs.MFU]
+    assert doc[obs.MFU] == 25.0

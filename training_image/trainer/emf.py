@@ -16,6 +16,7 @@ and the documents after it are dropped.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import sys
 import time
@@ -37,9 +38,15 @@ def document(
     timestamp_ms: int,
 ) -> dict[str, Any]:
     """An EMF document of ``values`` (metric name -> value; those without a unit in ``units``
-    are left out) in :data:`trn_catalog.observability.NAMESPACE`, by environment and job and by
-    environment alone, logged to the environment's training log group."""
-    metrics = {name: float(value) for name, value in values.items() if name in units}
+    are left out, and so are NaN and infinities, which JSON cannot carry: a diverged run's
+    loss would otherwise make the agent drop the whole document, its tokens/s and logged
+    interval with it) in :data:`trn_catalog.observability.NAMESPACE`, by environment and job
+    and by environment alone, logged to the environment's training log group."""
+    metrics = {
+        name: float(value)
+        for name, value in values.items()
+        if name in units and math.isfinite(value)
+    }
     return {
         "_aws": {
             "Timestamp": timestamp_ms,
@@ -123,7 +130,7 @@ class EmfSink:
         try:
             if self._socket is None:
                 self._socket = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT_S)
-            self._socket.sendall(json.dumps(doc).encode() + b"\n")
+            self._socket.sendall(json.dumps(doc, allow_nan=False).encode() + b"\n")
         except OSError as error:
             self.failed = True
             self.stream.write(
