@@ -24,8 +24,12 @@ PERIOD_S = 60
 NODE_METRICS: tuple[tuple[str, obs.AgentMetric, str], ...] = (
     ("utilization", obs.NEURONCORE_UTILIZATION, "Average"),
     ("device_memory", obs.NEURON_DEVICE_MEMORY, "Maximum"),
-    ("efa_rx", obs.EFA_RX_BYTES, "Average"),
-    ("efa_tx", obs.EFA_TX_BYTES, "Average"),
+    # The agent publishes EFA figures per EFA device, each under the node's dimensions too
+    # (amazon-contributing/opentelemetry-collector-contrib, awscontainerinsightreceiver
+    # internal/efa/efaSysfs.go, GetMetrics: one node metric per device): the node's traffic is
+    # their sum, as the dashboard draws it; their average would be one interface's share.
+    ("efa_rx", obs.EFA_RX_BYTES, "Sum"),
+    ("efa_tx", obs.EFA_TX_BYTES, "Sum"),
 )
 JOB_METRICS: tuple[tuple[str, str, str], ...] = (
     ("tokens_per_s", obs.TOKENS_PER_SECOND, "Average"),

@@ -99,3 +99,33 @@ def test_under_dra_the_nodes_table_says_why_efa_is_empty() -> None:
 
     assert job_watch.DRA_CAPTION in rendered("dra")
     assert "EFA: none" not in rendered("plugin")
+
+
+def test_a_nodes_efa_traffic_is_the_sum_of_its_devices(fake: FakeKube, trnctl: Trnctl) -> None:
+    """The agent publishes one EFA datapoint per device under the node's dimensions: the node's
+    row shows their sum (two devices at 1 MiB/s each: 2 MiB/s), as the dashboard's SUM does."""
+    fake.trainjobs["train-a"] = {"metadata": {"name": "train-a"}, "spec": {}}
+    fake.pods.append(_pod("train-a-node-0-0-aaaaa", NODE, datetime.now(UTC), None))
+    fake.nodes[NODE] = {}
+    fake.provider_ids[NODE] = f"aws:///us-east-2a/{INSTANCE}"
+    node = {"ClusterName": "trn-dev", "InstanceId": INSTANCE, "NodeName": NODE}
+    moment = (datetime.now(UTC) - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    for metric in (obs.EFA_RX_BYTES, obs.EFA_TX_BYTES):
+        boto3.client("cloudwatch").put_metric_data(
+            Namespace=obs.CONTAINER_INSIGHTS_NAMESPACE,
+            MetricData=[
+                {
+                    "MetricName": metric.name,
+                    "Dimensions": [{"Name": k, "Value": v} for k, v in node.items()],
+                    "Timestamp": moment,
+                    "Value": float(2**20),
+                }
+                for _device in ("rdmap16s27", "rdmap32s27")
+            ],
+        )
+
+    run = trnctl("job", "top", "train-a", "--env", "trn-dev", "--once")
+
+    assert run.exit_code == 0, run.stderr
+    _, node_row = _rows(run.stdout)
+    assert node_row[-2:] == ["2.0 MiB/s", "2.0 MiB/s"]
