@@ -3,7 +3,6 @@ what each ran with, and fails an MFU above 1."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,17 +28,22 @@ def test_the_clean_environment_keeps_paths_locale_and_user_only() -> None:
 
 
 @pytest.mark.slow
-def test_the_baseline_runs_alone_and_reports_the_environment_it_ran_with(tmp_path: Path) -> None:
+def test_the_baseline_runs_alone_and_reports_the_environment_it_ran_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Started as the bench starts it, from a process whose own environment has settings that
     tune torch: the baseline sees none of them, and reports what it had (the variables it was
-    given, and any torch sets for itself while it runs, such as TORCHINDUCTOR_CACHE_DIR)."""
+    given, and any torch sets for itself while it runs, such as TORCHINDUCTOR_CACHE_DIR). The
+    settings are in this process's environment, so a child that inherited it would have them."""
+    for name, value in TUNING.items():
+        monkeypatch.setenv(name, value)
     tokens = tmp_path / "train.bin"
     (np.arange(2000) % 64).astype(np.uint16).tofile(tokens)
     script = str(Path(trainer_bench.__file__).with_name("nanogpt_baseline.py"))
     shape = ["--layers", "1", "--heads", "2", "--width", "32", "--seq-len", "16"]
     command = [sys.executable, script, "--tokens", str(tokens), *shape]
     command += ["--vocab", "64", "--batch", "2", "--warmup-steps", "1", "--measured-steps", "2"]
-    env = clean_env({**os.environ, **TUNING})
+    env = clean_env()
 
     record = run_side(command, env)
 
