@@ -26,8 +26,10 @@ from pathlib import Path
 from trainer.config import (
     ACTIVATION_CHECKPOINTING,
     AUTO_CHECKPOINT_PARAMS,
+    CLASS_WEIGHTS,
     DEFAULT_MAX_STEPS,
     PRESETS,
+    TASKS,
     TrainConfig,
 )
 from trainer.launch import PRECOMPILE_STEPS
@@ -314,6 +316,20 @@ def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         "replaces --preset",
     )
     run.add_argument(
+        "--task",
+        choices=TASKS,
+        default=d.task,
+        help="causal-lm (default): next-token prediction; classify: a score head on --model's "
+        "decoder, data of prepare-data --format classify (docs/classification.md)",
+    )
+    run.add_argument(
+        "--class-weights",
+        choices=CLASS_WEIGHTS,
+        default=d.class_weights,
+        help="with --task classify: auto weighs each class's loss by inverse frequency "
+        "(multi-label: pos_weight negatives/positives); default %(default)s",
+    )
+    run.add_argument(
         "--lora-rank",
         type=int,
         default=d.lora_rank,
@@ -532,6 +548,7 @@ def _hf_command(args: argparse.Namespace) -> int:
     """``score`` prints {"loss": L, "tokens": N} (see :func:`trainer.hf.score`); ``export``
     prints the written directory's files."""
     from trainer import hf_export
+    from trainer.classify import export as classify_export
 
     if args.command == "score":
         loss, tokens = _score(args.model, args.tokens, args.base_model)
@@ -544,6 +561,7 @@ def _hf_command(args: argparse.Namespace) -> int:
         max_shard_bytes=args.max_shard_bytes,
         merge_lora=args.merge_lora,
         base_model_id=args.base_model_id,
+        task_writers={"classify": classify_export.write_checkpoint},
     )
     print(json.dumps({"out": args.out, "files": written}))
     return 0

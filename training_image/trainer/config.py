@@ -9,6 +9,9 @@ from typing import Literal
 
 Parallel = Literal["ddp", "fsdp"]
 ACTIVATION_CHECKPOINTING = ("on", "off", "auto")
+# What a run trains: next-token prediction, or a classification head (trainer.classify).
+TASKS = ("causal-lm", "classify")
+CLASS_WEIGHTS = ("none", "auto")
 # ``auto`` turns activation checkpointing on above this many parameters (~1e9: Llama-3.2-1B's
 # 1.24e9 and up). Our choice: below it a fine-tune's activations at the default sequence length
 # fit next to the sharded state, above it they dominate device memory.
@@ -202,6 +205,11 @@ class TrainConfig:
     of :data:`LORA_LR` unless ``lr`` says otherwise; see :mod:`trainer.lora` and
     :func:`trainer.model_spec.lora_spec`.
 
+    ``task``: ``causal-lm`` (default: next-token cross-entropy) or ``classify`` (a score head
+    on ``model_dir``'s decoder, data of ``prepare-data --format classify``; see
+    :mod:`trainer.classify`), whose cross-entropy ``class_weights`` ``auto`` weighs by inverse
+    class frequency (default ``none``).
+
     ``activation_checkpointing``: ``on`` recomputes each transformer block's forward in backward
     instead of keeping its activations, ``off`` keeps them, ``auto`` (default) is ``on`` for
     models above :data:`AUTO_CHECKPOINT_PARAMS` parameters (see :meth:`checkpoints_blocks`).
@@ -241,6 +249,8 @@ class TrainConfig:
     lora_alpha: float | None = None
     lora_targets: str | None = None
     activation_checkpointing: str = "auto"
+    task: str = "causal-lm"
+    class_weights: str = "none"
 
     @property
     def _defaults(self) -> RunDefaults | Preset:
@@ -343,3 +353,19 @@ class TrainConfig:
             )
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("checkpoint_every needs checkpoint_dir")
+        self._validate_task()
+
+    def _validate_task(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task {self.task!r} is not one of {', '.join(TASKS)}")
+        if self.class_weights not in CLASS_WEIGHTS:
+            raise ValueError(
+                f"class_weights {self.class_weights!r} is not one of {', '.join(CLASS_WEIGHTS)}"
+            )
+        if self.task == "classify" and not self.model_dir:
+            raise ValueError(
+                "task classify needs model_dir: the classifier is a Hugging Face model's "
+                "decoder with a score head (docs/classification.md)"
+            )
+        if self.class_weights != "none" and self.task != "classify":
+            raise ValueError(f"class_weights {self.class_weights!r} needs task classify")

@@ -9,7 +9,8 @@ the checkpoint alone (it carries the model's ``config.json`` and tokenizer files
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,7 @@ def export_checkpoint(
     max_shard_bytes: int = 5 << 30,
     merge_lora: bool = False,
     base_model_id: str = "",
+    task_writers: Mapping[str, TaskWriter] | None = None,
 ) -> list[str]:
     """Writes the newest valid checkpoint in ``checkpoint_dir`` (a path or ``s3://`` URI) to the
     local directory ``out`` (see :func:`save_pretrained` for ``dtype`` and
@@ -200,7 +202,9 @@ def export_checkpoint(
     checkpoint of a LoRA run becomes a PEFT adapter directory (see
     :func:`save_adapter`), or with ``merge_lora`` (default False) the full model
     with the adapters merged. The adapter names its base model (``base_model_name_or_path``)
-    by :func:`base_model_name`.
+    by :func:`base_model_name`. A run of another task (its run config's ``task``, e.g.
+    ``classify``) is written by its writer in ``task_writers`` (default none; the CLI passes
+    :func:`trainer.classify.export.write_checkpoint`), with the carried tokenizer files.
 
     Raises:
         CheckpointError: no valid checkpoint there, the newest was not saved by a run from a
@@ -214,9 +218,8 @@ def export_checkpoint(
     check_empty_out(out)  # before reading a checkpoint that may be gigabytes
     checkpointer = Checkpointer(open_store(checkpoint_dir))
     try:
-        return _export(
-            checkpointer, checkpoint_dir, out, dtype, max_shard_bytes, merge_lora, base_model_id
-        )
+        options = ExportOptions(dtype, max_shard_bytes, merge_lora, base_model_id)
+        return _export(checkpointer, checkpoint_dir, out, options, task_writers or {})
     finally:
         checkpointer.store.drop_local_copies()  # from S3: this process's downloads
 
@@ -225,11 +228,10 @@ def _export(
     checkpointer: Checkpointer,
     checkpoint_dir: str,
     out: str | Path,
-    dtype: str,
-    limit: int,
-    merge_lora: bool,
-    base_model_id: str,
+    options: ExportOptions,
+    task_writers: Mapping[str, TaskWriter],
 ) -> list[str]:
+    dtype, limit, merge_lora = options.dtype, options.max_shard_bytes, options.merge_lora
     name = checkpointer.newest_valid()
     if name is None:
         raise CheckpointError(f"{checkpoint_dir} holds no valid checkpoint to export")
@@ -248,17 +250,41 @@ def _export(
             "(`trn-train run --model DIR --lora-rank R`); export it without --merge-lora"
         )
     state = checkpointer.load(name, verify=False, parts=("model",))["model"]
+    task = (checkpointer.run_of(name) or {}).get("task")
+    if isinstance(task, str) and task in task_writers:
+        written = task_writers[task](checkpointer, name, raw, state, out, options)
+        return written + _copy_carried(checkpointer, name, carried, out)
     if isinstance(adapter, dict):
         spec = lora.LoraSpec.from_dict(adapter)
         base = checkpointer.base_model_of(name)
         if not merge_lora:
-            name_of_base = base_model_name(raw, base, base_model_id)
+            name_of_base = base_model_name(raw, base, options.base_model_id)
             written = save_adapter(state, raw, spec, out, base_model=name_of_base, dtype=dtype)
             return written + _copy_carried(checkpointer, name, carried, out)
         cfg = hf_config.parse_config(raw, seq_len=1)
         state = lora.merged({**_base_weights(checkpointer, name, base, cfg), **state}, cfg, spec)
     written = save_pretrained(state, raw, out, dtype=dtype, max_shard_bytes=limit)
     return written + _copy_carried(checkpointer, name, carried, out)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How ``trn-train export`` writes: the weights' ``dtype``, the shards' size limit, whether
+    LoRA adapters are merged, and the adapter's base model id (see :func:`base_model_name`)."""
+
+    dtype: str = "auto"
+    max_shard_bytes: int = 5 << 30
+    merge_lora: bool = False
+    base_model_id: str = ""
+
+
+# A task's writer of one of its run's checkpoints: given the checkpointer, the checkpoint's
+# name, its carried config.json, its model state and the output directory, it writes the
+# model and returns the files written (the tokenizer files are copied after it).
+TaskWriter = Callable[
+    [Checkpointer, str, dict[str, Any], dict[str, torch.Tensor], "str | Path", ExportOptions],
+    list[str],
+]
 
 
 def base_model_name(raw_config: Mapping[str, Any], base_dir: str, base_model_id: str) -> str:

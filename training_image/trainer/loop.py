@@ -40,6 +40,8 @@ import torch.distributed as dist
 
 from trainer import causal_lm, device, emf, hf, lora, model_spec, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
+from trainer.classify import task as classify
+from trainer.classify.evaluate import is_classification_data
 from trainer.config import ModelConfig, TrainConfig
 from trainer.data import Dataset, ShardError, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
@@ -119,18 +121,26 @@ def _num_params(model: ModelConfig) -> int:
         return GPT(model).num_params()
 
 
-def flops_per_token(spec: ModelSpec) -> float:
+def _new_model(config: ModelConfig, task: Task | None) -> GPT:
+    """The task's model of ``config``, its weights drawn (none on the meta device): the
+    decoder, or a classifier (:class:`~trainer.classify.model.SequenceClassifier`)."""
+    if isinstance(task, classify.Classify):
+        return task.new_model(config)
+    return GPT(config)
+
+
+def flops_per_token(spec: ModelSpec, task: Task | None = None) -> float:
     """Training FLOPs per token of ``spec``'s model (see
     :func:`trainer.metrics.train_flops_per_token`), counted on a model on the meta device with
     the run's LoRA adapters: the embedding lookups
     (learned positions, and the input embedding unless it is the tied output head) are not
     matrix products; a LoRA run trains the adapters only."""
     with torch.device("meta"):
-        gpt = GPT(spec.config)
+        gpt = _new_model(spec.config, task)
         if spec.lora is not None:
             lora.apply(gpt, spec.config, spec.lora)
     lookups = {id(gpt.pos.weight)} if gpt.pos is not None else set()
-    if not spec.config.tie_embeddings:
+    if not gpt.cfg.tie_embeddings:  # a classifier never ties (its head is the score)
         lookups.add(id(gpt.tok.weight))
     products = [p for p in gpt.parameters() if id(p) not in lookups]
     return train_flops_per_token(
@@ -148,22 +158,33 @@ def _fsdp_sharded(cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backe
     return ranks.distributed and cfg.parallelism == "fsdp" and backend.reduces_in_backward
 
 
-def _initial_model(cfg: TrainConfig, spec: ModelSpec, backend: device.Backend) -> GPT:
+def _initial_model(
+    cfg: TrainConfig, spec: ModelSpec, backend: device.Backend, task: Task | None
+) -> GPT:
     """The model as training starts: ``cfg.model_dir``'s weights or the preset's random ones
-    (drawn with ``cfg.seed``), with LoRA adapters when ``spec.lora`` asks (drawn after) and its
-    frozen weights in the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
+    (drawn with ``cfg.seed``), a classification task's head drawn after them, with LoRA
+    adapters when ``spec.lora`` asks (drawn after) and its frozen weights in the backend's
+    :meth:`~trainer.device.Backend.frozen_dtype`."""
     torch.manual_seed(cfg.seed)
-    gpt = hf.load_pretrained(cfg.model_dir, spec.config) if cfg.model_dir else GPT(spec.config)
+    if isinstance(task, classify.Classify):
+        gpt: GPT = task.pretrained(cfg.model_dir, spec.config)
+    elif cfg.model_dir:
+        gpt = hf.load_pretrained(cfg.model_dir, spec.config)
+    else:
+        gpt = GPT(spec.config)
     if spec.lora is not None:
         _with_adapters(gpt, spec, backend)
     return gpt
 
 
 def _with_adapters(gpt: GPT, spec: ModelSpec, backend: device.Backend) -> None:
-    """``spec.lora``'s adapters on ``gpt`` (the optimizer then sees them only) and the frozen
-    weights cast to the backend's :meth:`~trainer.device.Backend.frozen_dtype`."""
+    """``spec.lora``'s adapters on ``gpt`` (the optimizer then sees them and a classifier's
+    score head only) and the frozen weights cast to the backend's
+    :meth:`~trainer.device.Backend.frozen_dtype`."""
     assert spec.lora is not None
     lora.apply(gpt, spec.config, spec.lora)
+    if gpt.head.out_features != spec.config.vocab_size:
+        gpt.head.weight.requires_grad_(True)  # a classifier's head is new: always trained
     dtype = backend.frozen_dtype()
     if dtype is not None:
         lora.cast_frozen(gpt, dtype)
@@ -174,21 +195,23 @@ def build_model(
     spec: ModelSpec,
     ranks: parallel.Ranks,
     backend: device.Backend,
+    task: Task | None = None,
     *,
     activation_checkpointing: bool = False,
 ) -> tuple[torch.nn.Module, Forward]:
-    """``spec``'s model wrapped for data parallelism and its forward (see
-    :func:`trainer.parallel.wrap`).
+    """``spec``'s model for ``task`` (default None: the causal LM's) wrapped for data
+    parallelism and its forward (see :func:`trainer.parallel.wrap`).
 
     A ``--model`` run on several FSDP2 ranks never holds the full weights on a rank but rank 0:
     every rank builds the model on the meta device and shards it, rank 0 alone reads the
     safetensors files (:func:`trainer.hf.load_pretrained`, plus the LoRA adapters drawn as one
     rank would), and torch's ``set_model_state_dict`` with ``broadcast_from_rank0`` sends each
     tensor from rank 0 to every rank, which keeps its shard. The RoPE tables (buffers that are
-    not in the state) are computed again on every rank after ``to_empty``.
+    not in the state) and a classifier's class weights are set again on every rank after
+    ``to_empty``.
     """
     if not (cfg.model_dir and _fsdp_sharded(cfg, ranks, backend)):
-        gpt = _initial_model(cfg, spec, backend)
+        gpt = _initial_model(cfg, spec, backend, task)
         model, forward = parallel.wrap(
             backend.prepare_model(gpt),
             ranks,
@@ -199,9 +222,9 @@ def build_model(
         return model, forward
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full = _initial_model(cfg, spec, backend).state_dict() if ranks.is_main else {}
+    full = _initial_model(cfg, spec, backend, task).state_dict() if ranks.is_main else {}
     with torch.device("meta"):
-        gpt = GPT(spec.config)
+        gpt = _new_model(spec.config, task)
         if spec.lora is not None:
             _with_adapters(gpt, spec, backend)
     model, forward = parallel.wrap(
@@ -214,6 +237,8 @@ def build_model(
     del full
     with torch.device(backend.device):
         gpt.init_rope()
+        if isinstance(task, classify.Classify):
+            task.set_class_weights(gpt)
     return model, forward
 
 
@@ -221,12 +246,14 @@ def build_model(
 class Throughput:
     """What a metrics record's speed figures come from: tokens per optimizer step (all ranks),
     training FLOPs per token, the peak FLOP/s of one rank (None: unknown, no MFU), and the
-    precision it trains in."""
+    precision it trains in; for a classifier also its rows (examples) per step, recorded as
+    ``examples_per_s``."""
 
     tokens_per_step: int
     flops_per_token: float
     peak_flops: float | None
     precision: str
+    examples_per_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -290,25 +317,19 @@ def set_up(cfg: TrainConfig) -> Run:
     backend, num_params = _start_backend(cfg, spec.config, ranks)
     control = parallel.control_group(ranks)
     dataset = _open_data(cfg, spec.config, ranks, control)
-    task, max_steps, data = _causal_lm(cfg, spec.config, dataset, ranks, backend)
+    task, max_steps, data = _task(cfg, spec.config, dataset, ranks, backend, control)
     model, forward = build_model(
-        cfg, spec, ranks, backend, activation_checkpointing=cfg.checkpoints_blocks(num_params)
+        cfg, spec, ranks, backend, task, activation_checkpointing=cfg.checkpoints_blocks(num_params)
     )
     optimizer = optim.build(model, lr=cfg.peak_lr, weight_decay=cfg.decay, betas=cfg.betas)
     checkpointer = _checkpointer(cfg)
-    run = run_config(
-        cfg,
-        spec,
-        world_size=ranks.world_size,
-        manifest_sha256=dataset.manifest_sha256,
-        model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
-        total_steps=max_steps,
-        packed=data is not None,
-    )
+    run = _run_config(cfg, spec, ranks.world_size, dataset, max_steps, task)
     start = 0
     if checkpointer is not None:
         start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
-    throughput, log = _metrics(cfg, spec, ranks, backend, max_steps, data, (started_at, started))
+    throughput, log = _metrics(
+        cfg, spec, ranks, backend, task, max_steps, data, (started_at, started)
+    )
     batches = backend.batches(_stream(task, start, max_steps, cfg.grad_accum))
     # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
     sharded = _fsdp_sharded(cfg, ranks, backend)
@@ -375,6 +396,57 @@ def _open_data(
     return dataset
 
 
+def _run_config(
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    world_size: int,
+    dataset: Dataset,
+    max_steps: int,
+    task: Task,
+) -> dict[str, object]:
+    """What the run's checkpoints record for resuming (see :func:`trainer.checkpoint.run_config`)
+    and, of a classification run, its classes (for resuming and export)."""
+    run = run_config(
+        cfg,
+        spec,
+        world_size=world_size,
+        manifest_sha256=dataset.manifest_sha256,
+        model_id=hf.fingerprint(cfg.model_dir) if cfg.model_dir else None,
+        total_steps=max_steps,
+        packed=isinstance(task, causal_lm.CausalLM) and dataset.index is not None,
+    )
+    if isinstance(task, classify.Classify):
+        run.update(task.run_fields(cfg.class_weights))
+    return run
+
+
+def _task(
+    cfg: TrainConfig,
+    model: ModelConfig,
+    dataset: Dataset,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    control: dist.ProcessGroup | None,
+) -> tuple[Task, int, dict[str, object] | None]:
+    """``cfg.task``'s task on ``dataset``, the run's steps and the run header's summary of its
+    data: the causal LM (:func:`_causal_lm`) or classification
+    (:func:`trainer.classify.task.build`).
+
+    Raises:
+        ValueError: classification data for the causal LM; see :func:`_causal_lm` and
+            :func:`trainer.classify.task.build`.
+    """
+    if cfg.task == "classify":
+        task, max_steps = classify.build(cfg, model, dataset, ranks, backend, control)
+        return task, max_steps, task.summary()
+    if is_classification_data(cfg.data):
+        raise ValueError(
+            f"--data {cfg.data} is classification data (prepare-data --format classify): "
+            "train it with --task classify"
+        )
+    return _causal_lm(cfg, model, dataset, ranks, backend)
+
+
 def _causal_lm(
     cfg: TrainConfig,
     model: ModelConfig,
@@ -417,6 +489,7 @@ def _metrics(
     spec: ModelSpec,
     ranks: parallel.Ranks,
     backend: device.Backend,
+    task: Task,
     max_steps: int,
     data: dict[str, object] | None,
     started: tuple[datetime, float],
@@ -424,7 +497,7 @@ def _metrics(
     """The run's :class:`Throughput` and its metrics log, opened with the run header (``data``
     added when there is a summary of it) on rank 0 (a log that writes nothing elsewhere).
     ``started``: when the run started, as a date and a ``time.perf_counter`` reading."""
-    throughput, settings = _throughput(cfg, spec, ranks, backend)
+    throughput, settings = _throughput(cfg, spec, ranks, backend, task)
     header = _header(cfg, spec.config, ranks, backend, throughput, settings, started[0])
     log = MetricsLog(
         cfg.metrics if ranks.is_main else "",
@@ -438,12 +511,16 @@ def _metrics(
 
 
 def _throughput(
-    cfg: TrainConfig, spec: ModelSpec, ranks: parallel.Ranks, backend: device.Backend
+    cfg: TrainConfig,
+    spec: ModelSpec,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    task: Task,
 ) -> tuple[Throughput, dict[str, object]]:
     """The run's :class:`Throughput` and its settings (see :func:`trainer.model_spec.settings`),
     which rank 0 prints."""
     peak = cfg.peak_flops or backend.peak_flops(instance_type=cfg.instance_type)
-    flops = flops_per_token(spec)
+    flops = flops_per_token(spec, task)
     frozen = backend.frozen_dtype()
     settings = model_spec.settings(
         cfg,
@@ -454,8 +531,10 @@ def _throughput(
     if ranks.is_main:
         print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
-    tokens_per_step = spec.config.seq_len * cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
-    return Throughput(tokens_per_step, flops, peak, precision), settings
+    rows_per_step = cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
+    examples = rows_per_step if isinstance(task, classify.Classify) else None
+    throughput = Throughput(spec.config.seq_len * rows_per_step, flops, peak, precision, examples)
+    return throughput, settings
 
 
 def _header(
@@ -521,11 +600,20 @@ class Interval:
                 "precision": speed.precision,
                 "step_time_s": elapsed / self.steps,
                 "tokens": step * speed.tokens_per_step,
+                **_examples_per_s(speed, self.steps / elapsed),
             }
         )
         self.loss_sum.zero_()
         self.steps = 0
         self.start = time.perf_counter()
+
+
+def _examples_per_s(speed: Throughput, steps_per_s: float) -> dict[str, float]:
+    """A classifier's ``examples_per_s`` (nothing for the causal LM, whose packed rows are not
+    examples)."""
+    if speed.examples_per_step is None:
+        return {}
+    return {"examples_per_s": speed.examples_per_step * steps_per_s}
 
 
 @dataclass(frozen=True)

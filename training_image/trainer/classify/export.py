@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from trainer import hf, hf_config, hf_export, lora
+from trainer.checkpoint import Checkpointer, CheckpointError
 from trainer.classify import encoder
-from trainer.classify.model import SCORE, HeadSpec, causal_config, to_hf
+from trainer.classify.model import SCORE, HeadSpec, causal_config, classifier_head, to_hf
 
 SEQ_CLS_TASK = "SEQ_CLS"
 
@@ -136,4 +137,43 @@ def save_adapter(
         dtype=dtype,
         task_type=SEQ_CLS_TASK,
         modules_to_save={lora.PEFT_PREFIX + SCORE: score},
+    )
+
+
+def write_checkpoint(
+    checkpointer: Checkpointer,
+    name: str,
+    raw: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    out: str | Path,
+    options: hf_export.ExportOptions,
+) -> list[str]:
+    """``trn-train export`` of a ``--task classify`` run's checkpoint ``name`` (its carried
+    ``config.json`` ``raw`` and model ``state``): the classifier directory
+    (:func:`save_classifier`), or of a LoRA run the PEFT ``SEQ_CLS`` adapter
+    (:func:`save_adapter`), or with ``options.merge_lora`` the classifier with the adapters
+    merged into its base model's weights (see :func:`trainer.hf_export.export_checkpoint`).
+
+    Raises:
+        CheckpointError: the run recorded no classes; see
+            :func:`trainer.hf_export.export_checkpoint`.
+    """
+    run = checkpointer.run_of(name) or {}
+    head = classifier_head(run)
+    if head is None:
+        raise CheckpointError(f"checkpoint {name} records no classes: not a classification run")
+    adapter = run.get("lora")
+    if isinstance(adapter, dict):
+        spec = lora.LoraSpec.from_dict(adapter)
+        base = checkpointer.base_model_of(name)
+        if not options.merge_lora:
+            base_name = hf_export.base_model_name(raw, base, options.base_model_id)
+            return save_adapter(
+                state, raw, spec, head, out, base_model=base_name, dtype=options.dtype
+            )
+        cfg = hf_config.parse_config(raw, seq_len=1)
+        base_state = hf_export._base_weights(checkpointer, name, base, cfg)
+        state = lora.merged({**base_state, **state}, cfg, spec)
+    return save_classifier(
+        state, raw, head, out, dtype=options.dtype, max_shard_bytes=options.max_shard_bytes
     )

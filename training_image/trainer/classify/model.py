@@ -227,6 +227,17 @@ def head_of(raw: Mapping[str, Any], source: str | Path = hf_config.CONFIG) -> He
     return HeadSpec(names, multi, pad)
 
 
+def classifier_head(run: Mapping[str, object]) -> HeadSpec | None:
+    """The head a ``--task classify`` run recorded in its run config (its classes,
+    multi-label, pad token; see :meth:`trainer.classify.task.Classify.run_fields`), or None for
+    a run of another task."""
+    if run.get("task") != "classify":
+        return None
+    labels, pad = run["labels"], run["pad_token_id"]
+    assert isinstance(labels, list) and isinstance(pad, int)
+    return HeadSpec(tuple(str(n) for n in labels), bool(run["multi_label"]), pad)
+
+
 def from_state(
     cfg: ModelConfig, head: HeadSpec, state: Mapping[str, torch.Tensor]
 ) -> SequenceClassifier:

@@ -21,13 +21,20 @@ import torch
 import torch.distributed as dist
 
 from trainer import device, parallel
-from trainer.classify.data import ClassifySampler, Labels
+from trainer.classify.data import ClassifySampler, Labels, open_labels
 from trainer.classify.evaluate import Totals, evaluate
 from trainer.classify.metrics import Tally
-from trainer.classify.model import normalizer
+from trainer.classify.model import (
+    HeadSpec,
+    SequenceClassifier,
+    auto_class_weights,
+    from_causal_lm,
+    normalizer,
+)
+from trainer.config import ModelConfig, TrainConfig
+from trainer.data import Dataset
 
-# What --best-metric may name, and whether larger is better.
-BEST_METRICS = {"accuracy": True, "macro_f1": True, "micro_f1": True, "loss": False}
+TASK = "classify"
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,58 @@ class Classify:
     ranks: parallel.Ranks
     backend: device.Backend
     control: dist.ProcessGroup | None = None
+
+    @property
+    def head(self) -> HeadSpec:
+        return HeadSpec(self.labels.names, self.labels.multi_label, self.labels.pad_token_id)
+
+    def new_model(self, cfg: ModelConfig) -> SequenceClassifier:
+        """A classifier of ``cfg`` with this task's head and class weights, its weights drawn
+        (on the meta device: none)."""
+        return SequenceClassifier(cfg, self.head, self._weights())
+
+    def pretrained(self, model_dir: str, cfg: ModelConfig) -> SequenceClassifier:
+        """A classifier on ``model_dir``'s decoder with a new head (see
+        :func:`trainer.classify.model.from_causal_lm`) and this task's class weights."""
+        model = from_causal_lm(model_dir, cfg, self.head)
+        model.class_weights = self._weights()
+        return model
+
+    def set_class_weights(self, model: torch.nn.Module) -> None:
+        """Sets the classifier ``model``'s class weights (a buffer outside the state, as after
+        ``to_empty``) on the default device."""
+        assert isinstance(model, SequenceClassifier)
+        weights = self._weights()
+        model.class_weights = None if weights is None else weights.to(torch.get_default_device())
+
+    def _weights(self) -> torch.Tensor | None:
+        return None if self.class_weights is None else torch.from_numpy(self.class_weights)
+
+    def run_fields(self, class_weights: str) -> dict[str, object]:
+        """What the run config records of the task, for resuming and export: the classes,
+        multi-label, the pad token and the class weights setting."""
+        return {
+            "task": TASK,
+            "labels": list(self.labels.names),
+            "multi_label": self.labels.multi_label,
+            "pad_token_id": self.labels.pad_token_id,
+            "class_weights": class_weights,
+        }
+
+    def summary(self) -> dict[str, object]:
+        """What the run header records of the data: the classes, the examples of each split,
+        the rows' length and the steps of an epoch."""
+        held = 0 if self.labels.eval is None else int(self.labels.eval.shape[0])
+        return {
+            "task": TASK,
+            "classes": list(self.labels.names),
+            "multi_label": self.labels.multi_label,
+            "seq_len": self.sampler.seq_len,
+            "train_examples": self.sampler.examples,
+            "eval_examples": held,
+            "steps_per_epoch": self.sampler.steps_in(0),
+            "class_weights": None if self.class_weights is None else self.class_weights.tolist(),
+        }
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
         return self.sampler.batch(step, micro)
@@ -88,3 +147,44 @@ class Classify:
             f"eval_{k}": v for k, v in figures.items() if k not in ("per_class", "confusion")
         }
         return {**record, "per_class": figures["per_class"], "confusion": figures["confusion"]}
+
+
+def build(
+    cfg: TrainConfig,
+    model: ModelConfig,
+    dataset: Dataset,
+    ranks: parallel.Ranks,
+    backend: device.Backend,
+    control: dist.ProcessGroup | None,
+) -> tuple[Classify, int]:
+    """The classification task of ``cfg`` on ``dataset`` for this rank, in rows of ``model``'s
+    sequence length, and the run's steps (``cfg.epochs`` whole epochs, else ``cfg.steps``).
+
+    Raises:
+        trainer.classify.data.LabelsError: the data is not of ``prepare-data --format
+            classify``, or its label files fail their checks.
+        ValueError: eval is on and the data has no held-out split.
+    """
+    labels = open_labels(cfg.data, verify=cfg.verify_data)
+    options: dict[str, Any] = {
+        "pad_token_id": labels.pad_token_id,
+        "seq_len": model.seq_len,
+        "micro_batch": cfg.batch_per_rank,
+        "seed": cfg.seed,
+        "rank": ranks.rank,
+        "world_size": ranks.world_size,
+    }
+    sampler = ClassifySampler(dataset, labels.train, grad_accum=cfg.grad_accum, **options)
+    held_out = None
+    if cfg.eval_every:
+        if dataset.eval_split is None or labels.eval is None:
+            raise ValueError(
+                f"eval_every {cfg.eval_every} needs a held-out split; {dataset.root} has none "
+                "(prepare-data --format classify --eval-fraction F or --eval-input FILE)"
+            )
+        held_out = ClassifySampler(dataset.eval_split, labels.eval, shuffle=False, **options)
+    weights = (
+        auto_class_weights(labels.train, labels.num_labels) if cfg.class_weights == "auto" else None
+    )
+    task = Classify(sampler, held_out, labels, weights, ranks, backend, control)
+    return task, sampler.steps_for(cfg.epochs) if cfg.epochs else cfg.steps
