@@ -122,10 +122,13 @@ class TrainingArgs:
     eval_every: int | None = None
     eval_batches: int | None = None
     epochs: int | None = None
+    task: str | None = None
+    class_weights: str | None = None
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.model is None):
             raise TrnctlError("pass exactly one of --preset and --model")
+        self._check_task()
         if self.max_steps is not None and self.epochs is not None:
             raise TrnctlError(
                 "--max-steps and --epochs exclude each other: --epochs derives the steps from "
@@ -142,6 +145,22 @@ class TrainingArgs:
             raise TrnctlError(
                 f"--lora-alpha {self.lora_alpha:g} is not allowed; use a number above 0"
             )
+
+    def _check_task(self) -> None:
+        from trainer.config import CLASS_WEIGHTS, TASKS
+
+        if self.task is not None and self.task not in TASKS:
+            raise TrnctlError(f"--task {self.task!r} is unknown; allowed: {', '.join(TASKS)}")
+        if self.task == "classify" and self.model is None:
+            raise TrnctlError("--task classify needs --model (a score head on a staged model)")
+        if self.class_weights is not None:
+            if self.class_weights not in CLASS_WEIGHTS:
+                raise TrnctlError(
+                    f"--class-weights {self.class_weights!r} is unknown; allowed: "
+                    f"{', '.join(CLASS_WEIGHTS)}"
+                )
+            if self.task != "classify":
+                raise TrnctlError("--class-weights needs --task classify")
 
     def argv(self, job_name: str) -> list[str]:
         """The entrypoint's arguments: data under the datasets mount unless ``data`` is an
@@ -173,6 +192,8 @@ class TrainingArgs:
             ("--eval-every", self.eval_every),
             ("--eval-batches", self.eval_batches),
             ("--epochs", self.epochs),
+            ("--task", self.task),
+            ("--class-weights", self.class_weights),
         ):
             if value is not None:
                 argv += [flag, str(value)]

@@ -273,6 +273,10 @@ def test_bad_model_or_lora_options_are_one_line_usage_errors(
         ({"model": "m", "lora_rank": -1}, "--lora-rank -1 is not allowed"),
         ({"model": "m", "lora_rank": 4, "lora_alpha": math.inf}, "--lora-alpha inf is not allowed"),
         ({"model": "m", "max_steps": 9, "epochs": 2}, "--max-steps and --epochs exclude each"),
+        ({"preset": "tiny", "task": "classify"}, "--task classify needs --model"),
+        ({"model": "m", "task": "regress"}, "--task 'regress' is unknown"),
+        ({"model": "m", "class_weights": "auto"}, "--class-weights needs --task classify"),
+        ({"model": "m", "task": "classify", "class_weights": "x"}, "--class-weights 'x'"),
     ],
 )
 def test_training_args_refuse_what_trn_train_would(kwargs: dict[str, Any], match: str) -> None:
@@ -297,6 +301,11 @@ def test_the_trainer_parses_a_model_job_s_arguments() -> None:
     assert (parsed.seq_len, parsed.eval_every, parsed.eval_batches) == (512, 50, 4)
     epochs = jobs.TrainingArgs(None, "chats", model="m", epochs=3).argv("ft-1")
     assert (_parser().parse_args(["run", *epochs]).epochs, parsed.epochs) == (3, 0)
+    classify = jobs.TrainingArgs(
+        None, "docs", model="m", task="classify", class_weights="auto"
+    ).argv("clf-1")
+    again = _parser().parse_args(["run", *classify])
+    assert (again.task, again.class_weights, parsed.task) == ("classify", "auto", "causal-lm")
 
 
 def test_the_trainer_parses_the_export_job_s_arguments() -> None:

@@ -129,6 +129,21 @@ def job_submit(
     eval_batches: Annotated[
         int | None, typer.Option("--eval-batches", min=1, help="Held-out batches per eval.")
     ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            "--task",
+            help="causal-lm (default) or classify: a score head on --model, data prepared with "
+            "`trn-train prepare-data --format classify` (docs/classification.md).",
+        ),
+    ] = None,
+    class_weights: Annotated[
+        str | None,
+        typer.Option(
+            "--class-weights",
+            help="With --task classify: auto weighs each class by inverse frequency; none.",
+        ),
+    ] = None,
     precompile: Annotated[
         bool,
         typer.Option(
@@ -191,6 +206,8 @@ def job_submit(
             "--seq-len": seq_len is not None,
             "--eval-every": eval_every is not None,
             "--eval-batches": eval_batches is not None,
+            "--task": task is not None,
+            "--class-weights": class_weights is not None,
             "--precompile": precompile,
         }
         _submit_command(
@@ -236,6 +253,8 @@ def job_submit(
         eval_every=eval_every,
         eval_batches=eval_batches,
         epochs=epochs,
+        task=task,
+        class_weights=class_weights,
     )
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
