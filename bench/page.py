@@ -26,6 +26,8 @@ SECTIONS = {
     "packing": "packed rows of whole conversations against the token stream "
     "(bench/packing_bench.py)",
     "checkpoint": "checkpoint save, resume and load times, no goal (bench/checkpoint_bench.py)",
+    "classification": "`trn-train run --task classify` against transformers' classifier "
+    "(bench/classify_bench.py)",
 }
 # Fields of a section that are not figures.
 NOT_FIGURES = {"goals", "meets_goals", "details", "command", "environment", "environments"}

@@ -1,12 +1,13 @@
 """`make bench`: every benchmark of the project, each against its baseline in the same run.
 
 Writes bench/results.json afresh: a ``run`` section (the command, when, the machine, its load
-before and after, the exit status), then the synth, trainer, fine_tuning, packing and checkpoint
-sections of the scripts; then renders it as docs/performance-measured.md (bench/page.py). Stops
-at the first benchmark that exits non-zero (trainer_bench.py when its nanoGPT figure misses the
-goal or its CPU MFU is above 1, hf_bench.py when either of its figures with a goal does,
-packing_bench.py when packed rows fall below 0.9 of the stream's tokens/s; checkpoint_bench.py
-has no goal); the page then shows what ran, and `make bench` fails.
+before and after, the exit status), then the synth, trainer, fine_tuning, packing, checkpoint
+and classification sections of the scripts; then renders it as docs/performance-measured.md
+(bench/page.py). Stops at the first benchmark that exits non-zero (trainer_bench.py when its
+nanoGPT figure misses the goal or its CPU MFU is above 1, hf_bench.py when either of its
+figures with a goal does, packing_bench.py when packed rows fall below 0.9 of the stream's
+tokens/s, classify_bench.py when the classifier's examples/s fall below transformers' loop's;
+checkpoint_bench.py has no goal); the page then shows what ran, and `make bench` fails.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SCRIPTS = (
     "hf_bench.py",
     "packing_bench.py",
     "checkpoint_bench.py",
+    "classify_bench.py",
 )
 
 

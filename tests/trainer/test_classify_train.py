@@ -29,8 +29,18 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     model = hf_tiny.model_dir(root, "llama")
     source = write_jsonl(root / "docs.jsonl", documents(300, seed=1, skew=(3, 2, 1)))
     out = root / "data"
-    args = ["prepare-data", "--format", "classify", "--tokenizer", str(model), "--input", str(source)]
-    assert cli.main([*args, "--out", str(out), "--seq-len", str(SEQ), "--eval-fraction", "0.1"]) == 0
+    args = [
+        "prepare-data",
+        "--format",
+        "classify",
+        "--tokenizer",
+        str(model),
+        "--input",
+        str(source),
+    ]
+    assert (
+        cli.main([*args, "--out", str(out), "--seq-len", str(SEQ), "--eval-fraction", "0.1"]) == 0
+    )
     return model, out
 
 
@@ -73,13 +83,18 @@ def test_a_synthetic_task_reaches_accuracy_and_exports(
     with torch.no_grad():
         expected = ours.scores(rows)
         torch.testing.assert_close(
-            theirs(input_ids=rows).logits, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max())
+            theirs(input_ids=rows).logits,
+            expected,
+            rtol=1e-4,
+            atol=1e-4 * float(expected.abs().max()),
         )
 
 
 def test_a_lora_classifier_exports_a_peft_adapter(task: tuple[Path, Path], tmp_path: Path) -> None:
     model, data = task
-    assert cli.main([*_run(model, data, tmp_path / "ck", "--max-steps", "6", "--lora-rank", "4")]) == 0
+    assert (
+        cli.main([*_run(model, data, tmp_path / "ck", "--max-steps", "6", "--lora-rank", "4")]) == 0
+    )
     adapter, merged = tmp_path / "adapter", tmp_path / "merged"
     export = ["export", "--checkpoint-dir", str(tmp_path / "ck")]
     assert cli.main([*export, "--out", str(adapter)]) == 0
@@ -90,7 +105,10 @@ def test_a_lora_classifier_exports_a_peft_adapter(task: tuple[Path, Path], tmp_p
     whole = load_classifier(merged, seq_len=SEQ).eval()
     names = sorted(WORDS)
     base = AutoModelForSequenceClassification.from_pretrained(
-        model, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}, pad_token_id=1
+        model,
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+        pad_token_id=1,
     )
     peft = PeftModel.from_pretrained(base, adapter).eval()
     rows = torch.randint(2, 256, (3, SEQ), generator=torch.Generator().manual_seed(1))
@@ -104,7 +122,9 @@ def test_a_lora_classifier_exports_a_peft_adapter(task: tuple[Path, Path], tmp_p
 def test_a_resumed_classification_run_is_exact(task: tuple[Path, Path], tmp_path: Path) -> None:
     model, data = task
     command = functools.partial(
-        lambda ck: _run(model, data, ck, "--max-steps", "4", "--checkpoint-every", "2", "--grad-accum", "2")
+        lambda ck: _run(
+            model, data, ck, "--max-steps", "4", "--checkpoint-every", "2", "--grad-accum", "2"
+        )
     )
     hf_tiny.assert_resume_is_exact(command, tmp_path, last=4, killed_at=2)
 
@@ -113,7 +133,11 @@ def test_tasks_and_data_must_match(
     task: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model, data = task
-    causal = [a for a in _run(model, data, tmp_path / "ck", "--max-steps", "1") if a not in ("--task", "classify")]
+    causal = [
+        a
+        for a in _run(model, data, tmp_path / "ck", "--max-steps", "1")
+        if a not in ("--task", "classify")
+    ]
     assert cli.main(causal) == 2
     assert "train it with --task classify" in capsys.readouterr().err
     assert cli.main([*causal, "--class-weights", "auto"]) == 2

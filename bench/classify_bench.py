@@ -1,0 +1,179 @@
+"""Classification benchmark (issue 33): ``trn-train run --task classify`` on a Hugging Face Llama
+against a plain PyTorch loop over transformers' own ``LlamaForSequenceClassification``.
+
+- classifier_vs_transformers_examples_per_s: the trainer (CPU, FP32, eager, one rank; its
+  records' ``step_time_s`` after :data:`WARMUP` steps) over a plain loop
+  (``model(input_ids, labels=labels)``, backward, gradient clipping, torch's default AdamW,
+  zero_grad) on the same Llama config, batch and sequence length, every row a whole
+  :data:`SEQ_LEN` tokens on both sides, in the same rounds, which loop goes first alternating;
+  the median of each round's ratio (goal >= 1.0). The optimizers are each side's own, as in
+  ``hf_bench.py``.
+
+Usage: python bench/classify_bench.py [--results bench/results.json] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# A benchmark never reaches the hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import hf_bench
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaForSequenceClassification
+
+from trainer import metrics
+from trainer.classify import data as classify_data
+from trainer.config import TrainConfig
+from trainer.loop import train
+
+WARMUP, MEASURED = 2, 4  # steps per round; the trainer logs every 2
+BATCH, SEQ_LEN = 8, 256
+CLASSES = ("a", "b", "c", "d")
+DOCUMENTS = 256
+GOALS = {"classifier_vs_transformers_examples_per_s": 1.0}
+
+
+def make_model(root: Path, shape: dict[str, Any]) -> Path:
+    """``hf_bench``'s random FP32 Llama of ``shape``, its word-level tokenizer splitting on
+    whitespace, with a tokenizer config naming its EOS (the word ``w0``), as ``prepare-data``
+    wants."""
+    out = hf_bench.make_model(root, shape, dtype=torch.float32, max_shard_bytes=8 << 20)
+    words = {f"w{i}": i for i in range(shape["vocab_size"])}
+    tokenizer = Tokenizer(models.WordLevel(words, "w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "w0", "unk_token": "w0"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def make_data(root: Path, model_dir: Path, vocab: int) -> Path:
+    """:data:`DOCUMENTS` labelled documents of random words, each longer than a row, prepared
+    with ``prepare-data --format classify`` (nothing held out)."""
+    rng = random.Random(0)
+    lines = [
+        {
+            "text": " ".join(f"w{rng.randrange(1, vocab)}" for _ in range(SEQ_LEN + 8)),
+            "label": CLASSES[i % len(CLASSES)],
+        }
+        for i in range(DOCUMENTS)
+    ]
+    source = root / "docs.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = root / "data"
+    classify_data.prepare(out, model_dir, source, eval_fraction=0.0, seq_len=SEQ_LEN)
+    return out
+
+
+def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
+    """Examples per second of ``trn-train run --task classify``."""
+    log = work / f"m-{time.monotonic_ns()}.jsonl"
+    cfg = TrainConfig(
+        task="classify",
+        model_dir=str(model_dir),
+        seq_len=SEQ_LEN,
+        data=str(data_dir),
+        device="cpu",
+        compile="none",
+        parallel="ddp",
+        micro_batch=BATCH,
+        max_steps=WARMUP + MEASURED,
+        log_every=2,
+        metrics=str(log),
+        progress=False,
+    )
+    train(cfg)
+    steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
+    seconds = sum(r["step_time_s"] * 2 for r in steady)
+    return float(len(steady) * 2 * BATCH / seconds)
+
+
+def transformers_round(model_dir: Path, vocab: int) -> float:
+    """Examples per second of a plain loop over transformers' classifier."""
+    model = LlamaForSequenceClassification.from_pretrained(
+        model_dir, num_labels=len(CLASSES), pad_token_id=0, dtype=torch.float32
+    )
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.1)
+    batches = [
+        (torch.randint(1, vocab, (BATCH, SEQ_LEN)), torch.randint(0, len(CLASSES), (BATCH,)))
+        for _ in range(4)
+    ]
+    began = 0.0
+    for step in range(WARMUP + MEASURED):
+        if step == WARMUP:
+            began = time.perf_counter()
+        ids, labels = batches[step % 4]
+        model(input_ids=ids, labels=labels).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return MEASURED * BATCH / (time.perf_counter() - began)
+
+
+def rounds(model_dir: Path, data_dir: Path, work: Path, count: int, vocab: int) -> dict[str, Any]:
+    """``count`` rounds of each loop, which goes first alternating: each side's examples/s and
+    the median of the rounds' ratios."""
+    ours, theirs = [], []
+    for round_ in range(count):
+        order = ["ours", "transformers"] if round_ % 2 else ["transformers", "ours"]
+        for side in order:
+            if side == "ours":
+                ours.append(trainer_round(model_dir, data_dir, work))
+            else:
+                theirs.append(transformers_round(model_dir, vocab))
+    per_round = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {"ratio": statistics.median(per_round), "ours": ours, "theirs": theirs}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    shape = hf_bench.LLAMA
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = make_model(work, shape)
+        data_dir = make_data(work, model_dir, shape["vocab_size"])
+        found = rounds(model_dir, data_dir, work, args.rounds, shape["vocab_size"])
+    figures = {"classifier_vs_transformers_examples_per_s": found["ratio"]}
+    section: dict[str, Any] = {
+        **figures,
+        "goals": GOALS,
+        "meets_goals": {k: figures[k] >= GOALS[k] for k in GOALS},
+        "details": {
+            "trainer_examples_per_s": found["ours"],
+            "transformers_examples_per_s": found["theirs"],
+            "rounds": args.rounds,
+            "llama": shape,
+            "classes": len(CLASSES),
+            "batch": BATCH,
+            "seq_len": SEQ_LEN,
+            "torch": torch.__version__,
+        },
+        "command": f"python {Path(__file__).resolve()}",
+    }
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["classification"] = section
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
+    return 0 if all(section["meets_goals"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
