@@ -75,6 +75,9 @@ def test_a_synthetic_task_reaches_accuracy_and_exports(
     assert line["accuracy"] >= 0.95, line
     assert line["examples"] == evals[-1]["eval_examples"]
     assert line["accuracy"] == pytest.approx(evals[-1]["eval_accuracy"])
+    checkpoint = ["eval", "--checkpoint-dir", str(tmp_path / "ck"), "--data", str(data)]
+    assert cli.main(checkpoint) == 0
+    assert json.loads(capsys.readouterr().out) == pytest.approx(line)
 
     theirs = AutoModelForSequenceClassification.from_pretrained(out).eval()
     ours = load_classifier(out, seq_len=SEQ).eval()
@@ -90,7 +93,9 @@ def test_a_synthetic_task_reaches_accuracy_and_exports(
         )
 
 
-def test_a_lora_classifier_exports_a_peft_adapter(task: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_lora_classifier_exports_a_peft_adapter(
+    task: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model, data = task
     assert (
         cli.main([*_run(model, data, tmp_path / "ck", "--max-steps", "6", "--lora-rank", "4")]) == 0
@@ -117,6 +122,12 @@ def test_a_lora_classifier_exports_a_peft_adapter(task: tuple[Path, Path], tmp_p
         got = peft(input_ids=rows).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
     assert not torch.allclose(expected[:, 0], expected[:, 1])  # a trained head, not zeros
+    capsys.readouterr()
+    figures = []
+    for source in (["--model", str(merged)], ["--checkpoint-dir", str(tmp_path / "ck")]):
+        assert cli.main(["eval", *source, "--data", str(data), "--seq-len", str(SEQ)]) == 0
+        figures.append(json.loads(capsys.readouterr().out))
+    assert figures[1] == pytest.approx(figures[0], rel=1e-5)
 
 
 def test_a_resumed_classification_run_is_exact(task: tuple[Path, Path], tmp_path: Path) -> None:

@@ -190,18 +190,14 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     :func:`trainer.classify.evaluate.summary`.
 
     Raises:
-        ValueError: ``--checkpoint-dir`` (export the run first), or see
+        ValueError, trainer.checkpoint.CheckpointError: see
             :func:`trainer.classify.evaluate.run`.
     """
     from trainer.classify import evaluate as classify_eval
 
-    if not args.model_dir:
-        raise ValueError(
-            f"--data {args.data} is classification data: give the classifier as --model DIR "
-            "(a *ForSequenceClassification directory, e.g. from `trn-train export`)"
-        )
     figures = classify_eval.run(
-        model_dir=args.model_dir,
+        model_dir=args.model_dir or "",
+        checkpoint_dir=args.checkpoint_dir or "",
         data_dir=args.data,
         split=args.split,
         seq_len=args.seq_len,

@@ -1,5 +1,6 @@
-"""A classifier's figures on prepared data (``trn-train eval`` of a classification dataset) and
-its predictions for new documents (``trn-train predict``).
+"""A classifier's figures on prepared data (``trn-train eval`` of a classification dataset, of a
+classifier directory or a classification run's checkpoint) and its predictions for new
+documents (``trn-train predict``).
 
 Eval reads every example of a split once, in stored order, in the rows training reads (see
 :class:`~trainer.classify.data.ClassifySampler`), in FP32 without autocast. The loss is the
@@ -19,11 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import data, device, tokenizing
+from trainer import data, device, hf_config, hf_export, lora, tokenizing
+from trainer.checkpoint import Checkpointer, CheckpointError, open_store
 from trainer.classify.data import ClassifySampler, Labels, open_labels
 from trainer.classify.load import Classifier, load_classifier
 from trainer.classify.metrics import Tally
-from trainer.classify.model import loss_sum
+from trainer.classify.model import SequenceClassifier, classifier_head, from_state, loss_sum
 
 SPLITS = ("eval", "train")
 DEFAULT_MICRO_BATCH = 8
@@ -82,22 +84,27 @@ def evaluate(
 
 def run(
     *,
-    model_dir: str,
     data_dir: str,
+    model_dir: str = "",
+    checkpoint_dir: str = "",
     split: str = "eval",
     seq_len: int = 0,
     micro_batch: int = DEFAULT_MICRO_BATCH,
     device_name: str = "auto",
 ) -> dict[str, object]:
-    """``trn-train eval --model DIR`` on a classification dataset: every figure of
-    :meth:`Totals.result` for ``split`` (``eval`` or ``train``) of ``data_dir``.
+    """``trn-train eval`` on a classification dataset: every figure of :meth:`Totals.result`
+    for ``split`` (``eval`` or ``train``) of ``data_dir``, of the classifier in ``model_dir``
+    or of the newest valid checkpoint of a ``--task classify`` run in ``checkpoint_dir``
+    (exactly one).
 
     Raises:
-        ValueError: an unknown split, a split the data does not have, a micro batch below 1,
-            a model whose classes are not the data's; see
-            :func:`trainer.classify.model.load_classifier` and
-            :func:`trainer.classify.data.open_labels`.
+        ValueError: both or neither model source, an unknown split, a split the data does not
+            have, a micro batch below 1, a model whose classes are not the data's; see
+            :func:`trainer.classify.load.load_classifier`,
+            :func:`model_from_checkpoint` and :func:`trainer.classify.data.open_labels`.
     """
+    if bool(model_dir) == bool(checkpoint_dir):
+        raise ValueError("give exactly one of --model DIR and --checkpoint-dir CK")
     if split not in SPLITS:
         raise ValueError(f"--split {split!r} of classification data; allowed: {', '.join(SPLITS)}")
     if micro_batch < 1:
@@ -106,10 +113,14 @@ def run(
     part, array = (dataset, labels.train) if split == "train" else (dataset.eval_split, labels.eval)
     if part is None or array is None:
         raise ValueError(f"--data {data_dir} has no held-out split; --split train reads the rest")
-    model = load_classifier(model_dir, seq_len=seq_len)
+    model = (
+        load_classifier(model_dir, seq_len=seq_len)
+        if model_dir
+        else model_from_checkpoint(checkpoint_dir, seq_len)
+    )
     if model.spec.names != labels.names or model.spec.multi_label != labels.multi_label:
         raise ValueError(
-            f"--model {model_dir} classifies into {list(model.spec.names)}"
+            f"the model classifies into {list(model.spec.names)}"
             f"{' (multi-label)' if model.spec.multi_label else ''}, --data {data_dir} holds "
             f"{list(labels.names)}{' (multi-label)' if labels.multi_label else ''}"
         )
@@ -125,6 +136,45 @@ def run(
     backend = device.resolve(device_name, compile_backend="none").start()
     model = model.to(backend.device).eval()
     return evaluate(model.scores, sampler, labels, backend.device).result()
+
+
+def model_from_checkpoint(checkpoint_dir: str, seq_len: int) -> SequenceClassifier:
+    """The classifier of the newest valid checkpoint of a ``--task classify`` run in
+    ``checkpoint_dir`` (a path or ``s3://`` URI) at ``seq_len`` (0: the run's); a LoRA run's
+    adapters and head on the base model directory it recorded (checked as ``trn-train export
+    --merge-lora`` checks it).
+
+    Raises:
+        CheckpointError: no valid checkpoint, one not of a classification run, or a LoRA
+            checkpoint whose base model directory is missing or holds another model.
+    """
+    checkpointer = Checkpointer(open_store(checkpoint_dir))
+    try:
+        name = checkpointer.newest_valid()
+        if name is None:
+            raise CheckpointError(f"{checkpoint_dir} holds no valid checkpoint to evaluate")
+        run = checkpointer.run_of(name) or {}
+        head = classifier_head(run)
+        if head is None or hf_config.CONFIG not in checkpointer.model_files_of(name):
+            raise CheckpointError(
+                f"checkpoint {name} in {checkpoint_dir} is not of a `trn-train run --task "
+                "classify` run; evaluate it on data of its own kind"
+            )
+        with checkpointer.model_file(name, hf_config.CONFIG) as path:
+            raw = json.loads(path.read_text())
+        length = seq_len or run.get("seq_len")
+        cfg = hf_config.parse_config(raw, seq_len=length if isinstance(length, int) else None)
+        state = checkpointer.load(name, verify=False, parts=("model",))["model"]
+        adapter = run.get("lora")
+        if not isinstance(adapter, dict):
+            return from_state(cfg, head, state)
+        base = hf_export._base_weights(checkpointer, name, checkpointer.base_model_of(name), cfg)
+        model = from_state(cfg, head, {**base, "head.weight": state["head.weight"]})
+        lora.apply(model, cfg, lora.LoraSpec.from_dict(adapter))
+        model.load_state_dict({**model.state_dict(), **state})
+        return model
+    finally:
+        checkpointer.store.drop_local_copies()
 
 
 def _texts(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
