@@ -1,44 +1,22 @@
-"""Keyword arguments or a props dataclass: how every construct takes its props."""
+"""The record of what a construct was built with (its ``props``)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 P = TypeVar("P")
 
 
-def props_from(cls: type[P], props: P | None, kwargs: dict[str, Any]) -> P:
-    """``props`` as given, or ``cls(**kwargs)``: constructs take their props either way, as
-    keyword arguments (aws-cdk-lib's style) or as one frozen dataclass.
+def props_of(cls: type[P], given: Mapping[str, Any]) -> P:
+    """``cls``, a props dataclass, with each field taken by name from ``given``: a constructor's
+    ``locals()`` before it makes any other name, so that the record holds exactly its keyword
+    arguments (tests/library/test_typed_props.py checks that each constructor's keyword-only
+    parameters are its record's fields, with the same types)."""
+    return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
-    Raises:
-        TypeError: both or neither given where ``cls`` has required fields, an unknown keyword
-            or a missing required one; the message names the construct and the keywords.
-    """
-    construct = cls.__name__.removesuffix("Props")
-    if props is not None:
-        if kwargs:
-            raise TypeError(
-                f"{construct}: pass props= or keyword arguments, not both "
-                f"(got props= and {', '.join(sorted(kwargs))})"
-            )
-        return props
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    known = {f.name for f in fields}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(
-            f"{construct} got unknown keyword argument(s) {', '.join(unknown)}; "
-            f"it takes {', '.join(sorted(known))}"
-        )
-    missing = [
-        f.name
-        for f in fields
-        if f.name not in kwargs
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise TypeError(f"{construct} is missing required keyword argument(s) {', '.join(missing)}")
-    return cls(**kwargs)
+
+# The default of a mapping prop: empty, and immutable so that no construct shares a changed one.
+EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -19,7 +19,7 @@ from constructs_lib._common import (
     deny_other_egress,
     subnet_zone,
 )
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 from constructs_lib.trainium_nodegroup import TrainiumNodeGroup
 from trn_catalog import fsx as fsx_limits
 
@@ -31,73 +31,26 @@ CHECKPOINTS_PATH = "/checkpoints"
 
 @dataclass(frozen=True)
 class TrainingDataPathsProps:
-    """Props of :class:`TrainingDataPaths`.
-
-    Attributes:
-        vpc: the VPC the file system lives in (required).
-        fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
-        trn_availability_zone: the AZ of the Trainium capacity. When given, ``fsx_subnet`` must
-            be in it wherever its AZ is known at synth (a subnet made in the app, or imported
-            with ``availability_zone``). Default none: unchecked, but
-            :meth:`TrainingDataPaths.allow_mount_from` still refuses a node group of another AZ.
-        lustre_clients: who may mount the file system: a security group the client nodes carry,
-            such as ``TrainingNetwork.lustre_clients`` (a group with ``efa_fsx``: EFA takes no
-            CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``. Default none: open
-            the file system to node groups with :meth:`TrainingDataPaths.allow_mount_from`.
-        fsx_storage_gib: 1,200 or a multiple of 2,400; with ``efa_fsx`` a multiple of 38,400,
-            19,200, 9,600 or 4,800 at 125, 250, 500 or 1000 MB/s per TiB. Default 1200.
-        fsx_throughput_per_tib: 125, 250, 500 or 1000 MB/s per TiB. Default 125.
-        efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients; FSx serves no EFA
-            to the trn2 family). Default False.
-        removal_policy: of the buckets, key and file system this construct creates; DESTROY
-            also empties the buckets on deletion. Default RETAIN, as aws-cdk-lib keeps stateful
-            resources (resources you bring are never touched).
-        checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept
-            (jobs may not delete versions). Default 14.
-        compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
-            recompile. Default 90.
-        access_log_expiry_days: days S3 server access logs are kept. Default 365.
-        encryption_key: bring your own KMS key for buckets and file system; its key policy must
-            let FSx's S3-access role (``aws-service-role/s3.data-source.lustre.fsx.amazonaws.com``)
-            use it through S3, or the data repository associations fail. Default: a new key,
-            with that statement.
-        datasets_bucket: bring your own datasets bucket (imported into ``/datasets`` and read by
-            jobs; its encryption key must let FSx's S3-access role use it). Default: a new
-            bucket.
-        datasets_key: the KMS key of your ``datasets_bucket`` when the bucket object does not
-            carry it: the job and Mountpoint roles get ``kms:Decrypt`` on it. A bucket imported
-            with ``s3.Bucket.from_bucket_attributes(..., encryption_key=key)`` (or made in your
-            app with its key) carries its key, and its grants include the key already. Default
-            none.
-        checkpoints_bucket: bring your own checkpoints bucket (exported from ``/checkpoints``,
-            read and written by jobs; its key, if any, as for ``datasets_bucket``; the checkpoint
-            lifecycle props do not apply to it). Default: a new versioned bucket.
-        checkpoints_key: the KMS key of your ``checkpoints_bucket`` when the bucket object does
-            not carry it: the job role gets ``kms:Decrypt`` and ``kms:GenerateDataKey*`` on it
-            (S3 needs both to read and write SSE-KMS objects). Default none.
-        access_logs_bucket: bring your own bucket for the S3 server access logs of the buckets
-            this construct creates (it must admit log delivery from ``logging.s3.amazonaws.com``
-            and use SSE-S3; an imported bucket's policy is yours to keep so). Default: a new
-            SSE-S3 bucket.
-    """
+    """What a :class:`TrainingDataPaths` was built with (its ``props``): the keyword arguments of
+    its constructor, where each is documented with its default."""
 
     vpc: ec2.IVpc
     fsx_subnet: ec2.ISubnet
-    trn_availability_zone: str | None = None
-    lustre_clients: ec2.IPeer | None = None
-    fsx_storage_gib: int = fsx_limits.FSX_MIN_GIB
-    fsx_throughput_per_tib: int = 125
-    efa_fsx: bool = False
-    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
-    checkpoint_noncurrent_days: int = 14
-    compile_cache_expiry_days: int = 90
-    access_log_expiry_days: int = 365
-    encryption_key: kms.IKey | None = None
-    datasets_bucket: s3.IBucket | None = None
-    datasets_key: kms.IKey | None = None
-    checkpoints_bucket: s3.IBucket | None = None
-    checkpoints_key: kms.IKey | None = None
-    access_logs_bucket: s3.IBucket | None = None
+    trn_availability_zone: str | None
+    lustre_clients: ec2.IPeer | None
+    fsx_storage_gib: int
+    fsx_throughput_per_tib: int
+    efa_fsx: bool
+    removal_policy: RemovalPolicy
+    checkpoint_noncurrent_days: int
+    compile_cache_expiry_days: int
+    access_log_expiry_days: int
+    encryption_key: kms.IKey | None
+    datasets_bucket: s3.IBucket | None
+    datasets_key: kms.IKey | None
+    checkpoints_bucket: s3.IBucket | None
+    checkpoints_key: kms.IKey | None
+    access_logs_bucket: s3.IBucket | None
 
 
 class TrainingDataPaths(Construct):
@@ -135,11 +88,75 @@ class TrainingDataPaths(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: TrainingDataPathsProps | None = None,
-        **kwargs: Any,
+        vpc: ec2.IVpc,
+        fsx_subnet: ec2.ISubnet,
+        trn_availability_zone: str | None = None,
+        lustre_clients: ec2.IPeer | None = None,
+        fsx_storage_gib: int = fsx_limits.FSX_MIN_GIB,
+        fsx_throughput_per_tib: int = 125,
+        efa_fsx: bool = False,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+        checkpoint_noncurrent_days: int = 14,
+        compile_cache_expiry_days: int = 90,
+        access_log_expiry_days: int = 365,
+        encryption_key: kms.IKey | None = None,
+        datasets_bucket: s3.IBucket | None = None,
+        datasets_key: kms.IKey | None = None,
+        checkpoints_bucket: s3.IBucket | None = None,
+        checkpoints_key: kms.IKey | None = None,
+        access_logs_bucket: s3.IBucket | None = None,
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            vpc: the VPC the file system lives in (required).
+            fsx_subnet: the single subnet of the file system; put it in the trn AZ (required).
+            trn_availability_zone: the AZ of the Trainium capacity. When given, ``fsx_subnet`` must
+                be in it wherever its AZ is known at synth (a subnet made in the app, or imported
+                with ``availability_zone``). Default none: unchecked, but
+                :meth:`TrainingDataPaths.allow_mount_from` still refuses a node group of another AZ.
+            lustre_clients: who may mount the file system: a security group the client nodes carry,
+                such as ``TrainingNetwork.lustre_clients`` (a group with ``efa_fsx``: EFA takes no
+                CIDR rules), or a CIDR peer such as ``ec2.Peer.ipv4(vpc_cidr)``. Default none: open
+                the file system to node groups with :meth:`TrainingDataPaths.allow_mount_from`.
+            fsx_storage_gib: 1,200 or a multiple of 2,400; with ``efa_fsx`` a multiple of 38,400,
+                19,200, 9,600 or 4,800 at 125, 250, 500 or 1000 MB/s per TiB. Default 1200.
+            fsx_throughput_per_tib: 125, 250, 500 or 1000 MB/s per TiB. Default 125.
+            efa_fsx: EFA-enabled file system (Lustre over EFA to EFA clients; FSx serves no EFA to
+                the trn2 family). Default False.
+            removal_policy: of the buckets, key and file system this construct creates; DESTROY also
+                empties the buckets on deletion. Default RETAIN, as aws-cdk-lib keeps stateful
+                resources (resources you bring are never touched).
+            checkpoint_noncurrent_days: days an overwritten or deleted checkpoint version is kept
+                (jobs may not delete versions). Default 14.
+            compile_cache_expiry_days: days a compile-cache object lives; a stale NEFF only costs a
+                recompile. Default 90.
+            access_log_expiry_days: days S3 server access logs are kept. Default 365.
+            encryption_key: bring your own KMS key for buckets and file system; its key policy must
+                let FSx's S3-access role
+                (``aws-service-role/s3.data-source.lustre.fsx.amazonaws.com``) use it through S3, or
+                the data repository associations fail. Default: a new key, with that statement.
+            datasets_bucket: bring your own datasets bucket (imported into ``/datasets`` and read by
+                jobs; its encryption key must let FSx's S3-access role use it). Default: a new
+                bucket.
+            datasets_key: the KMS key of your ``datasets_bucket`` when the bucket object does not
+                carry it: the job and Mountpoint roles get ``kms:Decrypt`` on it. A bucket imported
+                with ``s3.Bucket.from_bucket_attributes(..., encryption_key=key)`` (or made in your
+                app with its key) carries its key, and its grants include the key already. Default
+                none.
+            checkpoints_bucket: bring your own checkpoints bucket (exported from ``/checkpoints``,
+                read and written by jobs; its key, if any, as for ``datasets_bucket``; the
+                checkpoint lifecycle props do not apply to it). Default: a new versioned bucket.
+            checkpoints_key: the KMS key of your ``checkpoints_bucket`` when the bucket object does
+                not carry it: the job role gets ``kms:Decrypt`` and ``kms:GenerateDataKey*`` on it
+                (S3 needs both to read and write SSE-KMS objects). Default none.
+            access_logs_bucket: bring your own bucket for the S3 server access logs of the buckets
+                this construct creates (it must admit log delivery from ``logging.s3.amazonaws.com``
+                and use SSE-S3; an imported bucket's policy is yours to keep so). Default: a new
+                SSE-S3 bucket.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(TrainingDataPathsProps, props, kwargs)
+        props = props_of(TrainingDataPathsProps, locals())
         check_subnet_zone("fsx_subnet", props.fsx_subnet, props.trn_availability_zone)
         # Grant log delivery through the bucket policy, not ACLs, whatever the app's flags say:
         # ACL delivery needs ObjectWriter ownership, which would re-enable ACLs on the buckets.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import RemovalPolicy, Stack
@@ -24,7 +24,7 @@ from constructs_lib._common import (
     log_group_key,
     retention,
 )
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 
 # Interface endpoints that private trn and system nodes call on every boot or job, so that none
 # of that traffic (multi-GB Neuron images above all) pays NAT data processing or depends on it:
@@ -84,41 +84,19 @@ NATIVE_RESERVATION_REGIONS = frozenset({"us-east-1", "us-west-2"})
 
 @dataclass(frozen=True)
 class TrainingNetworkProps:
-    """Props of :class:`TrainingNetwork`.
-
-    Attributes:
-        trn_availability_zone: the AZ that holds the Trainium capacity (required).
-        availability_zones: the new VPC's AZs, the trn AZ among them; at least two (required
-            unless ``vpc`` is given).
-        vpc: bring your own VPC instead: the construct then creates nothing and selects its
-            private subnets (the trn AZ must have one). Default: a new VPC.
-        cidr: the VPC's IPv4 block. Default ``10.64.0.0/16``.
-        private_subnet_mask: prefix length of each private subnet. Default 18 (16,379 usable
-            addresses per AZ), sized for VPC CNI prefix delegation, which hands out /28 blocks.
-        prefix_reservation_mask: prefix length of the ``prefix`` CIDR reservation kept inside the
-            trn AZ's private subnet so that /28 prefixes never fragment away. Default 20. Fixed
-            once deployed: the reservation is the subnet's last block of this size, so another
-            size overlaps the block in place, and CloudFormation creates the new reservation
-            before it deletes the old one, which EC2 refuses ("must not overlap an existing
-            reservation"). The same holds for the reservation's description.
-        nat_gateways: NAT gateways, at most one per AZ. Default 1.
-        interface_endpoints: endpoint short names, from :data:`DEFAULT_INTERFACE_ENDPOINTS` or
-            ``ec2messages``, ``monitoring``, ``elasticloadbalancing``, ``fsx``.
-        flow_log_retention_days: retention of the VPC flow log group. Default 30.
-        removal_policy: for the flow log group and its key. Default RETAIN, as aws-cdk-lib
-            keeps stateful resources.
-    """
+    """What a :class:`TrainingNetwork` was built with (its ``props``): the keyword arguments of
+    its constructor, where each is documented with its default."""
 
     trn_availability_zone: str
-    availability_zones: Sequence[str] = ()
-    vpc: ec2.IVpc | None = None
-    cidr: str = "10.64.0.0/16"
-    private_subnet_mask: int = 18
-    prefix_reservation_mask: int = 20
-    nat_gateways: int = 1
-    interface_endpoints: Sequence[str] = field(default=DEFAULT_INTERFACE_ENDPOINTS)
-    flow_log_retention_days: int = 30
-    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
+    availability_zones: Sequence[str]
+    vpc: ec2.IVpc | None
+    cidr: str
+    private_subnet_mask: int
+    prefix_reservation_mask: int
+    nat_gateways: int
+    interface_endpoints: Sequence[str]
+    flow_log_retention_days: int
+    removal_policy: RemovalPolicy
 
 
 class TrainingNetwork(Construct):
@@ -176,11 +154,43 @@ class TrainingNetwork(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: TrainingNetworkProps | None = None,
-        **kwargs: Any,
+        trn_availability_zone: str,
+        availability_zones: Sequence[str] = (),
+        vpc: ec2.IVpc | None = None,
+        cidr: str = "10.64.0.0/16",
+        private_subnet_mask: int = 18,
+        prefix_reservation_mask: int = 20,
+        nat_gateways: int = 1,
+        interface_endpoints: Sequence[str] = DEFAULT_INTERFACE_ENDPOINTS,
+        flow_log_retention_days: int = 30,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            trn_availability_zone: the AZ that holds the Trainium capacity (required).
+            availability_zones: the new VPC's AZs, the trn AZ among them; at least two (required
+                unless ``vpc`` is given).
+            vpc: bring your own VPC instead: the construct then creates nothing and selects its
+                private subnets (the trn AZ must have one). Default: a new VPC.
+            cidr: the VPC's IPv4 block. Default ``10.64.0.0/16``.
+            private_subnet_mask: prefix length of each private subnet. Default 18 (16,379 usable
+                addresses per AZ), sized for VPC CNI prefix delegation, which hands out /28 blocks.
+            prefix_reservation_mask: prefix length of the ``prefix`` CIDR reservation kept inside
+                the trn AZ's private subnet so that /28 prefixes never fragment away. Default 20.
+                Fixed once deployed: the reservation is the subnet's last block of this size, so
+                another size overlaps the block in place, and CloudFormation creates the new
+                reservation before it deletes the old one, which EC2 refuses ("must not overlap an
+                existing reservation"). The same holds for the reservation's description.
+            nat_gateways: NAT gateways, at most one per AZ. Default 1.
+            interface_endpoints: endpoint short names, from :data:`DEFAULT_INTERFACE_ENDPOINTS` or
+                ``ec2messages``, ``monitoring``, ``elasticloadbalancing``, ``fsx``.
+            flow_log_retention_days: retention of the VPC flow log group. Default 30.
+            removal_policy: for the flow log group and its key. Default RETAIN, as aws-cdk-lib keeps
+                stateful resources.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(TrainingNetworkProps, props, kwargs)
+        props = props_of(TrainingNetworkProps, locals())
         _validate(props)
         self.props = props
         if props.vpc is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aws_cdk import Duration, RemovalPolicy, Stack, Token
 from aws_cdk import aws_budgets as budgets
@@ -15,7 +14,7 @@ from constructs import Construct
 
 from constructs_lib._alerts import BUDGETS, CLOUDWATCH, alert_topic, monthly_budget
 from constructs_lib._common import log_group_key, retention
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 from trn_catalog import devices as device_modes
 from trn_catalog import formats
 from trn_catalog import observability as obs
@@ -39,43 +38,20 @@ class NodeGroupSummary:
 
 @dataclass(frozen=True)
 class TrainingObservabilityProps:
-    """Props of :class:`TrainingObservability`.
-
-    Attributes:
-        environment: the environment's name, e.g. ``trn-dev`` (required): the trainer's metric
-            dimension, the dashboard's name and the budget's tag value.
-        cluster_name: the EKS cluster's name as Container Insights reports it (required; a plain
-            string, not a token: Metrics Insights queries are text).
-        namespace: the jobs' namespace. Default ``training``.
-        file_system_id: the FSx for Lustre file system whose throughput is drawn. Default none.
-        node_groups: the node groups the dashboard's header lists. Default none.
-        stalled_minutes: a training pod runs and no job logged a step for this many minutes:
-            the stall alarm fires. 5 to 1440. Default 30.
-        alert_email: an address subscribed to the alert topic. Default none.
-        budget_usd: the environment's monthly cost budget on the tag
-            ``trn-platform:environment`` (activate it as a cost allocation tag in Billing),
-            alerting the topic at 50, 80 and 100 percent. Default None: no budget (a preview has
-            its own, :class:`PreviewLifecycle`).
-        log_retention_days: of the trainer's EMF log group. Default 30.
-        removal_policy: of that log group and its key. Default DESTROY (the metrics are kept
-            by CloudWatch; the log group holds their raw documents).
-        devices: how the trn nodes get their devices, ``plugin`` or ``dra``. Under ``dra`` the
-            widgets and the alarm whose metrics need a device plugin
-            (:data:`trn_catalog.observability.DEVICE_PLUGIN_ONLY`: EFA's) say that DRA trn nodes
-            report none. Default ``plugin``.
-    """
+    """What a :class:`TrainingObservability` was built with (its ``props``): the keyword
+    arguments of its constructor, where each is documented with its default."""
 
     environment: str
     cluster_name: str
-    namespace: str = "training"
-    file_system_id: str | None = None
-    node_groups: Sequence[NodeGroupSummary] = ()
-    stalled_minutes: int = 30
-    alert_email: str | None = None
-    budget_usd: int | None = None
-    log_retention_days: int = 30
-    removal_policy: RemovalPolicy = RemovalPolicy.DESTROY
-    devices: device_modes.DeviceMode = "plugin"
+    namespace: str
+    file_system_id: str | None
+    node_groups: Sequence[NodeGroupSummary]
+    stalled_minutes: int
+    alert_email: str | None
+    budget_usd: int | None
+    log_retention_days: int
+    removal_policy: RemovalPolicy
+    devices: device_modes.DeviceMode
 
 
 class TrainingObservability(Construct):
@@ -109,11 +85,45 @@ class TrainingObservability(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: TrainingObservabilityProps | None = None,
-        **kwargs: Any,
+        environment: str,
+        cluster_name: str,
+        namespace: str = "training",
+        file_system_id: str | None = None,
+        node_groups: Sequence[NodeGroupSummary] = (),
+        stalled_minutes: int = 30,
+        alert_email: str | None = None,
+        budget_usd: int | None = None,
+        log_retention_days: int = 30,
+        removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
+        devices: device_modes.DeviceMode = "plugin",
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            environment: the environment's name, e.g. ``trn-dev`` (required): the trainer's metric
+                dimension, the dashboard's name and the budget's tag value.
+            cluster_name: the EKS cluster's name as Container Insights reports it (required; a plain
+                string, not a token: Metrics Insights queries are text).
+            namespace: the jobs' namespace. Default ``training``.
+            file_system_id: the FSx for Lustre file system whose throughput is drawn. Default none.
+            node_groups: the node groups the dashboard's header lists. Default none.
+            stalled_minutes: a training pod runs and no job logged a step for this many minutes: the
+                stall alarm fires. 5 to 1440. Default 30.
+            alert_email: an address subscribed to the alert topic. Default none.
+            budget_usd: the environment's monthly cost budget on the tag
+                ``trn-platform:environment`` (activate it as a cost allocation tag in Billing),
+                alerting the topic at 50, 80 and 100 percent. Default None: no budget (a preview has
+                its own, :class:`PreviewLifecycle`).
+            log_retention_days: of the trainer's EMF log group. Default 30.
+            removal_policy: of that log group and its key. Default DESTROY (the metrics are kept by
+                CloudWatch; the log group holds their raw documents).
+            devices: how the trn nodes get their devices, ``plugin`` or ``dra``. Under ``dra`` the
+                widgets and the alarm whose metrics need a device plugin
+                (:data:`trn_catalog.observability.DEVICE_PLUGIN_ONLY`: EFA's) say that DRA trn nodes
+                report none. Default ``plugin``.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(TrainingObservabilityProps, props, kwargs)
+        props = props_of(TrainingObservabilityProps, locals())
         _validate(props, Stack.of(self).region)
         self.props = props
         self.topic, self.alert_key = alert_topic(

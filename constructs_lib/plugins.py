@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Unpack
 
 from aws_cdk import Aws, CfnMapping, Duration, Stack, Token
 from aws_cdk import aws_eks_v2 as eks
@@ -14,10 +14,13 @@ from constructs import Construct
 import trn_catalog
 from constructs_lib._common import acknowledge_wildcards
 from constructs_lib._eks import SYSTEM_LABEL, add_pod_identity
-from constructs_lib._props import props_from
+from constructs_lib._props import EMPTY_LABELS, props_of
 from trn_catalog import devices as device_modes
 from trn_catalog import registries, versions
 from trn_catalog.workspace import GPU_NODE_TYPE, NODE_TYPE_LABEL
+
+if TYPE_CHECKING:
+    from constructs_lib.workspace import TrainingWorkspace, WorkspaceOptions
 
 # No key and no effect: tolerates every taint. The node problem detector must keep running on
 # the degraded nodes it reports, whatever taints them; the device agents (Neuron device plugin or
@@ -45,37 +48,14 @@ SECOND_SCHEDULER_REQUESTS = {"requests": {"cpu": "0.1", "memory": "128Mi"}}
 
 @dataclass(frozen=True)
 class NeuronPluginsProps:
-    """Props of :class:`NeuronPlugins`.
-
-    Attributes:
-        cluster: the EKS cluster (required): one made in this app, or imported with
-            ``eks.Cluster.from_cluster_attributes(..., kubectl_provider=...)`` naming your
-            kubectl provider (``eks.KubectlProvider.from_kubectl_provider_attributes``; an
-            imported cluster ignores ``kubectl_provider_options``); Helm installs the charts
-            through it.
-        job_engine: install Kubeflow Trainer (the TrainJob engine :class:`TrainingWorkspace`'s
-            runtimes need). Default True.
-        neuron_scheduler_tag: turns on the Neuron chart's scheduler extension and its second
-            scheduler ``my-scheduler`` from :data:`KUBE_SCHEDULER_IMAGE` at this tag, which must be
-            of the control plane's Kubernetes minor (``NeuronCluster`` checks it; here it is
-            yours to match). Default None: off.
-        system_node_labels: node labels that pick where the job engine's manager and the
-            Neuron scheduler run, e.g. your system node group's. Default none: any node.
-        devices: ``plugin`` (default) installs the Neuron and EFA device plugins; ``dra``
-            installs the Neuron DRA driver (device plugin and scheduler extension off; the
-            chart creates the ``neuron.aws.com`` DeviceClass) and the ``aws-dranet`` EFA DRA
-            driver on the catalog's trn2/trn3 types (it creates ``efa.networking.k8s.aws``),
-            and keeps the EFA device plugin to the GPU catalog's types. The cluster must run
-            Kubernetes 1.34 or later with managed or self-managed node groups (the ones this
-            was built and tested for; the EKS guide also lists Karpenter 1.15+ and, from
-            Kubernetes 1.36, EKS Auto Mode): yours to ensure on an imported cluster.
-    """
+    """What a :class:`NeuronPlugins` was built with (its ``props``): the keyword arguments of its
+    constructor, where each is documented with its default."""
 
     cluster: eks.ICluster
-    job_engine: bool = True
-    neuron_scheduler_tag: str | None = None
-    system_node_labels: Mapping[str, str] = field(default_factory=dict)
-    devices: device_modes.DeviceMode = "plugin"
+    job_engine: bool
+    neuron_scheduler_tag: str | None
+    system_node_labels: Mapping[str, str]
+    devices: device_modes.DeviceMode
 
 
 class NeuronPlugins(Construct):
@@ -115,12 +95,39 @@ class NeuronPlugins(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: NeuronPluginsProps | None = None,
-        **kwargs: Any,
+        cluster: eks.ICluster,
+        job_engine: bool = True,
+        neuron_scheduler_tag: str | None = None,
+        system_node_labels: Mapping[str, str] = EMPTY_LABELS,
+        devices: device_modes.DeviceMode = "plugin",
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            cluster: the EKS cluster (required): one made in this app, or imported with
+                ``eks.Cluster.from_cluster_attributes(..., kubectl_provider=...)`` naming your
+                kubectl provider (``eks.KubectlProvider.from_kubectl_provider_attributes``; an
+                imported cluster ignores ``kubectl_provider_options``); Helm installs the charts
+                through it.
+            job_engine: install Kubeflow Trainer (the TrainJob engine
+                :class:`TrainingWorkspace`'s runtimes need). Default True.
+            neuron_scheduler_tag: turns on the Neuron chart's scheduler extension and its second
+                scheduler ``my-scheduler`` from :data:`KUBE_SCHEDULER_IMAGE` at this tag, which
+                must be of the control plane's Kubernetes minor (``NeuronCluster`` checks it;
+                here it is yours to match). Default None: off.
+            system_node_labels: node labels that pick where the job engine's manager and the
+                Neuron scheduler run, e.g. your system node group's. Default none: any node.
+            devices: ``plugin`` (default) installs the Neuron and EFA device plugins; ``dra``
+                installs the Neuron DRA driver (device plugin and scheduler extension off; the
+                chart creates the ``neuron.aws.com`` DeviceClass) and the ``aws-dranet`` EFA DRA
+                driver on the catalog's trn2/trn3 types (it creates ``efa.networking.k8s.aws``),
+                and keeps the EFA device plugin to the GPU catalog's types. The cluster must run
+                Kubernetes 1.34 or later with managed or self-managed node groups (the ones this
+                was built and tested for; the EKS guide also lists Karpenter 1.15+ and, from
+                Kubernetes 1.36, EKS Auto Mode): yours to ensure on an imported cluster.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(NeuronPluginsProps, props, kwargs)
-        cluster = props.cluster
+        props = props_of(NeuronPluginsProps, locals())
         if cluster.kubectl_provider is None:
             raise ValueError(
                 f"cluster {cluster.node.path!r} has no kubectl provider, which installs the "
@@ -187,9 +194,12 @@ class NeuronPlugins(Construct):
             self.charts[pin.release] = self._chart(pin, nvidia_device_plugin_values())
         return self.charts[pin.release]
 
-    def add_workspace(self, construct_id: str, **kwargs: Any) -> Any:
-        """A :class:`TrainingWorkspace` on this cluster (``kwargs`` are its props but
-        ``cluster``), applied after the charts: its runtimes are Kubeflow Trainer objects.
+    def add_workspace(
+        self, construct_id: str, **kwargs: Unpack[WorkspaceOptions]
+    ) -> TrainingWorkspace:
+        """A :class:`TrainingWorkspace` on this cluster (``kwargs``: its keyword arguments but
+        ``cluster``, each documented there with its default), applied after the charts: its
+        runtimes are Kubeflow Trainer objects.
 
         Raises:
             ValueError: ``job_engine`` is off (nothing would run the workspace's runtimes), and

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import jsii
 from aws_cdk import (
@@ -36,7 +35,7 @@ from constructs_lib._common import (
     acknowledge_wildcards,
     log_group_key,
 )
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 from trn_catalog import formats
 from trn_catalog.outputs import PREVIEW_REGIONS, TAG_EXPIRES_AT, TAG_PREVIEW
 
@@ -47,24 +46,15 @@ REAPER_CODE = Path(__file__).resolve().parent / "preview_reaper"
 
 @dataclass(frozen=True)
 class PreviewLifecycleProps:
-    """Props of :class:`PreviewLifecycle`.
-
-    Attributes:
-        project: the preview's DNS-safe project name, at most 20 characters (required).
-        expires_at: when the preview is deleted; timezone-aware (required).
-        stacks: the preview's stacks in deployment order (required); they are tagged, checked
-            for RETAIN and deleted in reverse order at expiry. Put the lifecycle's own stack
-            first so that it goes last.
-        budget_usd: monthly cost budget of the preview's tagged resources. Default 500.
-        alert_email: an address that also gets the budget alerts. Default none.
-    """
+    """What a :class:`PreviewLifecycle` was built with (its ``props``): the keyword arguments of
+    its constructor, where each is documented with its default."""
 
     project: str
     expires_at: datetime
     stacks: Sequence[Stack]
-    budget_usd: int = 500
-    alert_email: str | None = None
-    thresholds: Sequence[int] = field(default=ALERT_THRESHOLDS)
+    budget_usd: int
+    alert_email: str | None
+    thresholds: Sequence[int]
 
 
 class PreviewLifecycle(Construct):
@@ -92,16 +82,35 @@ class PreviewLifecycle(Construct):
             CloudFormation has no AWS::Budgets::Budget (:data:`PREVIEW_REGIONS` lists the others).
     """
 
+    DEFAULT_BUDGET_USD = 500
+
     def __init__(
         self,
         scope: Construct,
         construct_id: str,
         *,
-        props: PreviewLifecycleProps | None = None,
-        **kwargs: Any,
+        project: str,
+        expires_at: datetime,
+        stacks: Sequence[Stack],
+        budget_usd: int = DEFAULT_BUDGET_USD,
+        alert_email: str | None = None,
+        thresholds: Sequence[int] = ALERT_THRESHOLDS,
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            project: the preview's DNS-safe project name, at most 20 characters (required).
+            expires_at: when the preview is deleted; timezone-aware (required).
+            stacks: the preview's stacks in deployment order (required); they are tagged, checked
+                for RETAIN and deleted in reverse order at expiry. Put the lifecycle's own stack
+                first so that it goes last.
+            budget_usd: monthly cost budget of the preview's tagged resources. Default 500.
+            alert_email: an address that also gets the budget alerts. Default none.
+            thresholds: the percentages of ``budget_usd`` at which the budget alerts (actual cost).
+                Default 50, 80 and 100.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(PreviewLifecycleProps, props, kwargs)
+        props = props_of(PreviewLifecycleProps, locals())
         _validate(props)
         region = Stack.of(self).region
         if not Token.is_unresolved(region) and region not in PREVIEW_REGIONS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aws_cdk import ArnFormat, RemovalPolicy, Stack
 from aws_cdk import aws_ecr as ecr
@@ -15,7 +15,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from constructs_lib._common import acknowledge_wildcards
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 from trn_catalog import neuron_stacks
 
 if TYPE_CHECKING:
@@ -33,28 +33,15 @@ BUNDLED_TAG_PREFIX = "bundled-"
 
 @dataclass(frozen=True)
 class TrainingImageProps:
-    """Props of :class:`TrainingImage`.
-
-    Attributes:
-        directory: the Docker build context (required), e.g. the repository root.
-        dockerfile: the Dockerfile, relative to ``directory``. Default
-            ``training_image/Dockerfile``.
-        neuron_stack: the Dockerfile's NEURON_STACK build argument, ``native`` (TorchNeuron,
-            default) or ``xla`` (the last PyTorch/XLA stack).
-        keep_images: untagged images kept in the repository. Default 20.
-        removal_policy: for the repository and its key; DESTROY also empties the repository
-            on deletion. Default RETAIN, as aws-cdk-lib keeps stateful resources.
-        cuda_dockerfile: a second Dockerfile, relative to ``directory``, for the CUDA variant
-            of the trainer (the GPU node group's image), e.g. ``training_image/Dockerfile.cuda``.
-            Default None: no CUDA image.
-    """
+    """What a :class:`TrainingImage` was built with (its ``props``): the keyword arguments of
+    its constructor, where each is documented with its default."""
 
     directory: str
-    dockerfile: str = "training_image/Dockerfile"
-    neuron_stack: str = "native"
-    cuda_dockerfile: str | None = None
-    keep_images: int = 20
-    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
+    dockerfile: str
+    neuron_stack: str
+    cuda_dockerfile: str | None
+    keep_images: int
+    removal_policy: RemovalPolicy
 
 
 class TrainingImage(Construct):
@@ -87,11 +74,30 @@ class TrainingImage(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: TrainingImageProps | None = None,
-        **kwargs: Any,
+        directory: str,
+        dockerfile: str = "training_image/Dockerfile",
+        neuron_stack: str = "native",
+        cuda_dockerfile: str | None = None,
+        keep_images: int = 20,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            directory: the Docker build context (required), e.g. the repository root.
+            dockerfile: the Dockerfile, relative to ``directory``. Default
+                ``training_image/Dockerfile``.
+            neuron_stack: the Dockerfile's NEURON_STACK build argument, ``native`` (TorchNeuron,
+                default) or ``xla`` (the last PyTorch/XLA stack).
+            keep_images: untagged images kept in the repository. Default 20.
+            removal_policy: for the repository and its key; DESTROY also empties the repository on
+                deletion. Default RETAIN, as aws-cdk-lib keeps stateful resources.
+            cuda_dockerfile: a second Dockerfile, relative to ``directory``, for the CUDA variant of
+                the trainer (the GPU node group's image), e.g. ``training_image/Dockerfile.cuda``.
+                Default None: no CUDA image.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(TrainingImageProps, props, kwargs)
+        props = props_of(TrainingImageProps, locals())
         if props.neuron_stack not in neuron_stacks.NEURON_STACKS:
             raise ValueError(
                 f"neuron_stack {props.neuron_stack!r} is not allowed; use native or xla"

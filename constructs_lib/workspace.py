@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from aws_cdk import Stack
 from aws_cdk import aws_eks_v2 as eks
@@ -19,7 +19,7 @@ from constructs_lib._eks import (
     NEURON_TOLERATION,
     install_addon,
 )
-from constructs_lib._props import props_from
+from constructs_lib._props import props_of
 from trn_catalog import allocatable, neuron_stacks, versions
 from trn_catalog import devices as device_modes
 from trn_catalog import observability as obs
@@ -71,51 +71,8 @@ DATASETS_CLAIM = "datasets-s3"
 
 @dataclass(frozen=True)
 class TrainingWorkspaceProps:
-    """Props of :class:`TrainingWorkspace`.
-
-    Attributes:
-        cluster: the EKS cluster (required).
-        file_system: the FSx for Lustre file system mounted at the claim ``fsx`` (required).
-        datasets: bucket mounted read-only at the claim ``datasets-s3`` (required).
-        job_role: the role jobs get through Pod Identity (required), e.g.
-            ``TrainingDataPaths.job_role``.
-        mountpoint_role: the Mountpoint S3 driver's role (required), e.g.
-            ``TrainingDataPaths.mountpoint_role``.
-        image_uri: the training image the runtime runs (required).
-        instance_type: the trn type the runtime targets, from the instance catalog (required).
-        compile_cache_url: ``s3://`` or path base of the XLA stack's compile cache
-            (``NEURON_COMPILE_CACHE_URL``, required). The native stack caches on FSx instead.
-        nodes: default node count of a job. Default 1.
-        fsx_storage_gib: the file system's size, stated on its PersistentVolume. Default 1200.
-        namespace: default ``training``.
-        service_account: the jobs' service account. Default ``trainer``.
-        neuron_stack: the image's Neuron stack (``TrainingImageProps.neuron_stack``), ``native``
-            or ``xla``, checked against ``instance_type`` when given: native (TorchNeuron) does
-            not run on trn1. Default None: not checked here; the image's entrypoint refuses the
-            mismatch when a job starts.
-        gpu_instance_type: a type of the GPU catalog: adds the ``cuda-torch`` runtime for the
-            GPU node group. Default None (no GPU runtime).
-        gpu_image_uri: the CUDA training image that runtime runs; required with
-            ``gpu_instance_type``.
-        gpu_nodes: default node count of a ``cuda-torch`` job. Default 1.
-        devices: how the trn pods get their devices: ``plugin`` (default: the device plugins'
-            ``aws.amazon.com/neuron`` and ``vpc.amazonaws.com/efa`` resources) or ``dra``
-            (ResourceClaimTemplates, see the class docstring). Match the cluster's.
-        lnc: the trn nodes' logical NeuronCore setting on the ``plugin`` path, passed to the
-            trainer as ``NEURON_LOGICAL_NC_CONFIG``; give the node group's ``lnc`` (the two
-            must agree). Default None: the type's default (2 on trn2/trn3, set; trn1 has no
-            setting). Not used with ``dra``.
-        environment: the environment's name. With it, every training pod carries the label
-            ``trn-platform/environment`` (for EKS split cost allocation data) and the trainer
-            sends its figures to the CloudWatch agent's EMF listener (``TRN_ENVIRONMENT``,
-            ``AWS_EMF_AGENT_ENDPOINT``; the agent must have ``logs.metrics_collected.emf``, as
-            :class:`NeuronCluster` configures it). Default None: neither.
-        capacity, capacity_reservation_id: how the trn nodes are paid for (``on-demand``,
-            ``capacity-block`` or ``odcr``) and their reservation, passed to the trainer
-            (``TRN_CAPACITY``, ``TRN_CAPACITY_RESERVATION_ID``), which records them in its
-            metrics header for ``trnctl compare``. Default None: not passed.
-        gpu_capacity, gpu_capacity_reservation_id: the same for the GPU node group.
-    """
+    """What a :class:`TrainingWorkspace` was built with (its ``props``): the keyword arguments of
+    its constructor, where each is documented with its default."""
 
     cluster: eks.ICluster
     file_system: fsx.LustreFileSystem
@@ -125,21 +82,49 @@ class TrainingWorkspaceProps:
     image_uri: str
     instance_type: str
     compile_cache_url: str
-    nodes: int = 1
-    fsx_storage_gib: int = 1200
-    namespace: str = "training"
-    service_account: str = "trainer"
-    neuron_stack: str | None = None
-    gpu_instance_type: str | None = None
-    gpu_image_uri: str | None = None
-    gpu_nodes: int = 1
-    devices: device_modes.DeviceMode = "plugin"
-    lnc: int | None = None
-    environment: str | None = None
-    capacity: str | None = None
-    capacity_reservation_id: str | None = None
-    gpu_capacity: str | None = None
-    gpu_capacity_reservation_id: str | None = None
+    nodes: int
+    fsx_storage_gib: int
+    namespace: str
+    service_account: str
+    neuron_stack: str | None
+    gpu_instance_type: str | None
+    gpu_image_uri: str | None
+    gpu_nodes: int
+    devices: device_modes.DeviceMode
+    lnc: int | None
+    environment: str | None
+    capacity: str | None
+    capacity_reservation_id: str | None
+    gpu_capacity: str | None
+    gpu_capacity_reservation_id: str | None
+
+
+class WorkspaceOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`TrainingWorkspace` but ``cluster``, for
+    :meth:`NeuronPlugins.add_workspace`; each is documented with its default on the constructor."""
+
+    file_system: Required[fsx.LustreFileSystem]
+    datasets: Required[s3.IBucket]
+    job_role: Required[iam.IRole]
+    mountpoint_role: Required[iam.IRole]
+    image_uri: Required[str]
+    instance_type: Required[str]
+    compile_cache_url: Required[str]
+    nodes: int
+    fsx_storage_gib: int
+    namespace: str
+    service_account: str
+    neuron_stack: str | None
+    gpu_instance_type: str | None
+    gpu_image_uri: str | None
+    gpu_nodes: int
+    devices: device_modes.DeviceMode
+    lnc: int | None
+    environment: str | None
+    capacity: str | None
+    capacity_reservation_id: str | None
+    gpu_capacity: str | None
+    gpu_capacity_reservation_id: str | None
 
 
 class TrainingWorkspace(Construct):
@@ -201,11 +186,85 @@ class TrainingWorkspace(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        props: TrainingWorkspaceProps | None = None,
-        **kwargs: Any,
+        cluster: eks.ICluster,
+        file_system: fsx.LustreFileSystem,
+        datasets: s3.IBucket,
+        job_role: iam.IRole,
+        mountpoint_role: iam.IRole,
+        image_uri: str,
+        instance_type: str,
+        compile_cache_url: str,
+        nodes: int = 1,
+        fsx_storage_gib: int = 1200,
+        namespace: str = "training",
+        service_account: str = "trainer",
+        neuron_stack: str | None = None,
+        gpu_instance_type: str | None = None,
+        gpu_image_uri: str | None = None,
+        gpu_nodes: int = 1,
+        devices: device_modes.DeviceMode = "plugin",
+        lnc: int | None = None,
+        environment: str | None = None,
+        capacity: str | None = None,
+        capacity_reservation_id: str | None = None,
+        gpu_capacity: str | None = None,
+        gpu_capacity_reservation_id: str | None = None,
     ) -> None:
+        """The props, each with its default (a missing required one: TypeError).
+
+        Args:
+            cluster: the EKS cluster (required).
+            file_system: the FSx for Lustre file system mounted at the claim ``fsx``
+                (required).
+            datasets: bucket mounted read-only at the claim ``datasets-s3`` (required).
+            job_role: the role jobs get through Pod Identity (required), e.g.
+                ``TrainingDataPaths.job_role``.
+            mountpoint_role: the Mountpoint S3 driver's role (required), e.g.
+                ``TrainingDataPaths.mountpoint_role``.
+            image_uri: the training image the runtime runs (required).
+            instance_type: the trn type the runtime targets, from the instance catalog
+                (required).
+            compile_cache_url: ``s3://`` or path base of the XLA stack's compile cache
+                (``NEURON_COMPILE_CACHE_URL``, required). The native stack caches on FSx
+                instead.
+            nodes: default node count of a job. Default 1.
+            fsx_storage_gib: the file system's size, stated on its PersistentVolume. Default
+                1200.
+            namespace: the jobs' namespace. Default ``training``.
+            service_account: the jobs' service account. Default ``trainer``.
+            neuron_stack: the image's Neuron stack (:class:`TrainingImage`'s ``neuron_stack``),
+                ``native`` or ``xla``, checked against ``instance_type`` when given: native
+                (TorchNeuron) does not run on trn1. Default None: not checked here; the image's
+                entrypoint refuses the mismatch when a job starts.
+            gpu_instance_type: a type of the GPU catalog: adds the ``cuda-torch`` runtime for
+                the GPU node group. Default None (no GPU runtime).
+            gpu_image_uri: the CUDA training image that runtime runs; required with
+                ``gpu_instance_type``. Default None.
+            gpu_nodes: default node count of a ``cuda-torch`` job. Default 1.
+            devices: how the trn pods get their devices: ``plugin`` (default: the device
+                plugins' ``aws.amazon.com/neuron`` and ``vpc.amazonaws.com/efa`` resources) or
+                ``dra`` (ResourceClaimTemplates, see the class docstring). Match the cluster's.
+            lnc: the trn nodes' logical NeuronCore setting on the ``plugin`` path, passed to
+                the trainer as ``NEURON_LOGICAL_NC_CONFIG``; give the node group's ``lnc`` (the
+                two must agree). Default None: the type's default (2 on trn2/trn3, set; trn1
+                has no setting). Not used with ``dra``.
+            environment: the environment's name. With it, every training pod carries the label
+                ``trn-platform/environment`` (for EKS split cost allocation data) and the
+                trainer sends its figures to the CloudWatch agent's EMF listener
+                (``TRN_ENVIRONMENT``, ``AWS_EMF_AGENT_ENDPOINT``; the agent must have
+                ``logs.metrics_collected.emf``, as :class:`NeuronCluster` configures it).
+                Default None: neither.
+            capacity: how the trn nodes are paid for (``on-demand``, ``capacity-block`` or
+                ``odcr``), passed to the trainer (``TRN_CAPACITY``), which records it in its
+                metrics header for ``trnctl compare``. Default None: not passed.
+            capacity_reservation_id: their reservation, passed the same way
+                (``TRN_CAPACITY_RESERVATION_ID``). Default None: not passed.
+            gpu_capacity: ``capacity`` for the GPU node group. Default None: not passed.
+            gpu_capacity_reservation_id: ``capacity_reservation_id`` for the GPU node group.
+                Default None: not passed.
+        """
         super().__init__(scope, construct_id)
-        props = props_from(TrainingWorkspaceProps, props, kwargs)
+        props = props_of(TrainingWorkspaceProps, locals())
         for name in ("namespace", "service_account"):
             value = getattr(props, name)
             if not (value.replace("-", "").isalnum() and value.islower() and len(value) <= 63):

@@ -11,7 +11,7 @@ from constructs import Construct
 from constructs_lib import (
     GpuNodeGroup,
     NeuronCluster,
-    NeuronClusterProps,
+    NodeGroupOptions,
     TrainingNetwork,
     TrainiumNodeGroup,
 )
@@ -43,33 +43,35 @@ class ClusterStack(Stack):
         self.neuron_cluster = NeuronCluster(
             self,
             "Neuron",
-            props=NeuronClusterProps(
-                vpc=network.vpc,
-                subnets=network.private_subnets,
-                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
-                cluster_name=config.name,
-                system_name_prefix=f"{config.name}-system",
-                admin_role_arn=config.admin_role_arn,
-                removal_policy=removal_policy(config),
-                devices=config.devices,
-            ),
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+            cluster_name=config.name,
+            system_name_prefix=f"{config.name}-system",
+            admin_role_arn=config.admin_role_arn,
+            removal_policy=removal_policy(config),
+            devices=config.devices,
         )
         self.ultraservers = _ultraserver_groups(self.neuron_cluster, config, network)
         self.trainium = (
-            self.ultraservers[0]
-            if self.ultraservers
-            else self.neuron_cluster.add_trainium_nodegroup(
-                "Trainium",
-                **_group_props(config.trn, network, f"{config.name}-trn"),
-                lnc=config.trn.lnc,
-                labels=_device_labels(config),
-            )
+            self.ultraservers[0] if self.ultraservers else self._trainium(config, network)
         )
         self.gpu: GpuNodeGroup | None = None
         if config.gpu is not None:
+            gpu: NodeGroupOptions = {
+                **_capacity(config.gpu),
+                "security_groups": [network.lustre_clients],
+                "name_prefix": f"{config.name}-gpu",
+            }
             self.gpu = self.neuron_cluster.add_gpu_nodegroup(
-                "Gpu", **_group_props(config.gpu, network, f"{config.name}-gpu")
+                "Gpu", subnet=network.trn_subnet, **gpu
             )
+
+    def _trainium(self, config: PlatformConfig, network: TrainingNetwork) -> TrainiumNodeGroup:
+        trn: NodeGroupOptions = {**_capacity(config.trn), **_trn_props(config, network)}
+        return self.neuron_cluster.add_trainium_nodegroup(
+            "Trainium", subnet=network.trn_subnet, **trn
+        )
 
 
 def _ultraserver_groups(
@@ -79,15 +81,11 @@ def _ultraserver_groups(
     spec = config.trn.ultraserver
     if spec is None:
         return []
-    props = _group_props(config.trn, network, f"{config.name}-trn")
-    for decided in ("instance_type", "desired_size", "capacity", "capacity_reservation_id"):
-        del props[decided]
     return cluster.add_ultraserver_nodegroups(
         spec.name,
         config.trn.ultraserver_reservation_ids,
-        **props,
-        lnc=config.trn.lnc,
-        labels=_device_labels(config),
+        subnet=network.trn_subnet,
+        **_trn_props(config, network),
     )
 
 
@@ -104,17 +102,23 @@ def _device_labels(config: PlatformConfig) -> dict[str, str]:
     }
 
 
-def _group_props(
-    capacity: NodeCapacity, network: TrainingNetwork, name_prefix: str
-) -> dict[str, Any]:
-    """A node group's props from its capacity: both groups sit in the trn AZ's subnet and are
-    Lustre clients (FSx is in that AZ too)."""
+def _capacity(capacity: NodeCapacity) -> NodeGroupOptions:
+    """A node group's props from its capacity (what an UltraServer block decides itself). Both
+    groups sit in the trn AZ's subnet and are Lustre clients (FSx is in that AZ too)."""
     return {
-        "subnet": network.trn_subnet,
         "instance_type": capacity.instance_type,
         "desired_size": capacity.nodes,
         "capacity": capacity.capacity,
         "capacity_reservation_id": capacity.capacity_reservation_id,
+    }
+
+
+def _trn_props(config: PlatformConfig, network: TrainingNetwork) -> NodeGroupOptions:
+    """The trn node groups' other props: a Lustre client, the replacement-safe name, the LNC and
+    the device labels."""
+    return {
         "security_groups": [network.lustre_clients],
-        "name_prefix": name_prefix,
+        "name_prefix": f"{config.name}-trn",
+        "lnc": config.trn.lnc,
+        "labels": _device_labels(config),
     }

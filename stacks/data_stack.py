@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
-from constructs_lib import TrainingDataPaths, TrainingDataPathsProps, TrainingNetwork
+from constructs_lib import TrainingDataPaths, TrainingNetwork
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 
@@ -32,13 +32,11 @@ class DataStack(Stack):
         self.data = TrainingDataPaths(
             self,
             "DataPaths",
-            props=TrainingDataPathsProps(
-                vpc=network.vpc,
-                fsx_subnet=network.trn_subnet,
-                lustre_clients=network.lustre_clients,
-                fsx_storage_gib=config.fsx.storage_gib,
-                fsx_throughput_per_tib=config.fsx.throughput_per_tib,
-                efa_fsx=config.fsx.efa,
-                removal_policy=removal_policy(config),
-            ),
+            vpc=network.vpc,
+            fsx_subnet=network.trn_subnet,
+            lustre_clients=network.lustre_clients,
+            fsx_storage_gib=config.fsx.storage_gib,
+            fsx_throughput_per_tib=config.fsx.throughput_per_tib,
+            efa_fsx=config.fsx.efa,
+            removal_policy=removal_policy(config),
         )

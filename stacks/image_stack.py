@@ -8,7 +8,7 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
-from constructs_lib import TrainingImage, TrainingImageProps
+from constructs_lib import TrainingImage
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog import neuron_stacks
@@ -29,11 +29,9 @@ class ImageStack(Stack):
         self.image = TrainingImage(
             self,
             "TrainingImage",
-            props=TrainingImageProps(
-                directory=str(REPOSITORY_ROOT),
-                # TorchNeuron where it runs (trn2, trn3); the PyTorch/XLA stack on trn1.
-                neuron_stack=neuron_stacks.default_stack(config.trn.instance_type),
-                removal_policy=removal_policy(config),
-                cuda_dockerfile=CUDA_DOCKERFILE if config.gpu is not None else None,
-            ),
+            directory=str(REPOSITORY_ROOT),
+            # TorchNeuron where it runs (trn2, trn3); the PyTorch/XLA stack on trn1.
+            neuron_stack=neuron_stacks.default_stack(config.trn.instance_type),
+            removal_policy=removal_policy(config),
+            cuda_dockerfile=CUDA_DOCKERFILE if config.gpu is not None else None,
         )

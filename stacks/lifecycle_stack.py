@@ -8,7 +8,7 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
-from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
+from constructs_lib import PreviewLifecycle
 from platform_config import PlatformConfig
 
 
@@ -34,11 +34,9 @@ class LifecycleStack(Stack):
         self.lifecycle = PreviewLifecycle(
             self,
             "Lifecycle",
-            props=PreviewLifecycleProps(
-                project=config.preview,
-                expires_at=config.expires_at,
-                stacks=[self, *stacks],
-                alert_email=config.budget_email,
-                budget_usd=config.budget_usd or PreviewLifecycleProps.budget_usd,
-            ),
+            project=config.preview,
+            expires_at=config.expires_at,
+            stacks=[self, *stacks],
+            alert_email=config.budget_email,
+            budget_usd=config.budget_usd or PreviewLifecycle.DEFAULT_BUDGET_USD,
         )

@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk import Stack
 from constructs import Construct
 
-from constructs_lib import TrainingNetwork, TrainingNetworkProps
+from constructs_lib import TrainingNetwork
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 
@@ -23,13 +23,11 @@ class NetworkStack(Stack):
         self.network = TrainingNetwork(
             self,
             "Network",
-            props=TrainingNetworkProps(
-                trn_availability_zone=config.availability_zone,
-                availability_zones=azs,
-                nat_gateways=min(config.profile.nat_gateways, len(azs)),
-                flow_log_retention_days=config.profile.log_retention_days,
-                removal_policy=removal_policy(config),
-            ),
+            trn_availability_zone=config.availability_zone,
+            availability_zones=azs,
+            nat_gateways=min(config.profile.nat_gateways, len(azs)),
+            flow_log_retention_days=config.profile.log_retention_days,
+            removal_policy=removal_policy(config),
         )
 
     def _zones(self, config: PlatformConfig) -> list[str]:

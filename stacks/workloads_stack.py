@@ -15,9 +15,7 @@ from constructs_lib import (
     TrainingDataPaths,
     TrainingImage,
     TrainingObservability,
-    TrainingObservabilityProps,
     TrainingWorkspace,
-    TrainingWorkspaceProps,
     TrainiumNodeGroup,
 )
 from constructs_lib.pipeline import PipelineAccess
@@ -51,30 +49,28 @@ class WorkloadsStack(Stack):
         self.workspace = TrainingWorkspace(
             self,
             "Workspace",
-            props=TrainingWorkspaceProps(
-                cluster=cluster.icluster,
-                file_system=data.file_system,
-                datasets=data.datasets,
-                job_role=data.job_role,
-                mountpoint_role=data.mountpoint_role,
-                image_uri=image.image_uri,
-                instance_type=config.trn.instance_type,
-                compile_cache_url=data.compile_cache_url,
-                nodes=max(config.trn.nodes, 1),
-                fsx_storage_gib=config.fsx.storage_gib,
-                neuron_stack=image.neuron_stack,
-                gpu_instance_type=config.gpu.instance_type if config.gpu else None,
-                gpu_image_uri=image.cuda_image_uri,
-                gpu_nodes=max(config.gpu.nodes, 1) if config.gpu else 1,
-                devices=config.devices,
-                lnc=config.trn.lnc,
-                environment=config.name,
-                capacity=_trn_capacity(config)[0],
-                capacity_reservation_id=_trn_capacity(config)[1],
-                gpu_capacity=config.gpu.capacity if config.gpu else None,
-                gpu_capacity_reservation_id=(
-                    config.gpu.capacity_reservation_id if config.gpu else None
-                ),
+            cluster=cluster.icluster,
+            file_system=data.file_system,
+            datasets=data.datasets,
+            job_role=data.job_role,
+            mountpoint_role=data.mountpoint_role,
+            image_uri=image.image_uri,
+            instance_type=config.trn.instance_type,
+            compile_cache_url=data.compile_cache_url,
+            nodes=max(config.trn.nodes, 1),
+            fsx_storage_gib=config.fsx.storage_gib,
+            neuron_stack=image.neuron_stack,
+            gpu_instance_type=config.gpu.instance_type if config.gpu else None,
+            gpu_image_uri=image.cuda_image_uri,
+            gpu_nodes=max(config.gpu.nodes, 1) if config.gpu else 1,
+            devices=config.devices,
+            lnc=config.trn.lnc,
+            environment=config.name,
+            capacity=_trn_capacity(config)[0],
+            capacity_reservation_id=_trn_capacity(config)[1],
+            gpu_capacity=config.gpu.capacity if config.gpu else None,
+            gpu_capacity_reservation_id=(
+                config.gpu.capacity_reservation_id if config.gpu else None
             ),
         )
         # Charts install the device plugins and the job engine the workspace's jobs rely on.
@@ -140,18 +136,16 @@ class WorkloadsStack(Stack):
         return TrainingObservability(
             self,
             "Observability",
-            props=TrainingObservabilityProps(
-                environment=config.name,
-                cluster_name=config.name,
-                namespace=self.workspace.props.namespace,
-                file_system_id=data.file_system.file_system_id,
-                node_groups=_node_groups(config),
-                alert_email=config.budget_email,
-                budget_usd=_budget_usd(self, config),
-                log_retention_days=config.profile.log_retention_days,
-                removal_policy=removal_policy(config),
-                devices=config.devices,
-            ),
+            environment=config.name,
+            cluster_name=config.name,
+            namespace=self.workspace.props.namespace,
+            file_system_id=data.file_system.file_system_id,
+            node_groups=_node_groups(config),
+            alert_email=config.budget_email,
+            budget_usd=_budget_usd(self, config),
+            log_retention_days=config.profile.log_retention_days,
+            removal_policy=removal_policy(config),
+            devices=config.devices,
         )
 
 

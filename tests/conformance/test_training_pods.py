@@ -146,10 +146,8 @@ def test_a_type_whose_training_pod_would_stay_pending_is_refused(dev: Synth) -> 
         r"what a node leaves it \(9900m CPU, -\d+Mi\): it would never be scheduled",
     ):
         training_pod_resources(small)
-    props = dataclasses.replace(
-        dev.platform.workloads.workspace.props, instance_type="trn2.3xlarge"
-    )
-    workspace = TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+    props = {**vars(dev.platform.workloads.workspace.props), "instance_type": "trn2.3xlarge"}
+    workspace = TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", **props)
     (container,) = workspace.pod_spec()["containers"]
     assert (
         container["resources"]["requests"]["cpu"],

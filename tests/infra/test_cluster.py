@@ -14,7 +14,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
 import trn_catalog
-from constructs_lib import NeuronCluster, NeuronClusterProps, TrainingWorkspace
+from constructs_lib import NeuronCluster, TrainingWorkspace
 from tests.conftest import Synth, construct_app
 from tests.template_parts import scaling
 from trn_catalog import crds, ultraservers, versions
@@ -531,9 +531,9 @@ def test_platform_builds_the_stack_each_generation_runs(
 def test_workspace_refuses_a_stack_that_cannot_run(
     dev: Synth, overrides: dict[str, Any], message: str
 ) -> None:
-    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
+    props = {**vars(dev.platform.workloads.workspace.props), **overrides}
     with pytest.raises(ValueError, match=message):
-        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", **props)
 
 
 @pytest.mark.parametrize(
@@ -546,8 +546,8 @@ def test_workspace_refuses_a_stack_that_cannot_run(
 )
 def test_workspace_accepts_a_stack_that_runs(dev: Synth, overrides: dict[str, Any]) -> None:
     """Accepted, the workspace's runtime runs on the type it was given, with all its chips."""
-    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
-    workspace = TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+    props = {**vars(dev.platform.workloads.workspace.props), **overrides}
+    workspace = TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", **props)
     (container,) = workspace.pod_spec()["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRN_INSTANCE_TYPE"] == overrides["instance_type"]
@@ -674,7 +674,7 @@ def neuron_cluster(**overrides: Any) -> NeuronCluster:
         "kubectl_layer": KubectlV35Layer(stack, "Layer"),
         **overrides,
     }
-    return NeuronCluster(stack, "N", props=NeuronClusterProps(**props))
+    return NeuronCluster(stack, "N", **props)
 
 
 @pytest.mark.parametrize(
@@ -820,11 +820,9 @@ def test_bring_your_own_secrets_key() -> None:
     built = NeuronCluster(
         stack,
         "N",
-        props=NeuronClusterProps(
-            vpc=ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1),
-            kubectl_layer=KubectlV35Layer(stack, "Layer"),
-            secrets_key=theirs,
-        ),
+        vpc=ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=1),
+        kubectl_layer=KubectlV35Layer(stack, "Layer"),
+        secrets_key=theirs,
     )
     template = cdk.assertions.Template.from_stack(stack).to_json()["Resources"]
     (cluster,) = [r for r in template.values() if r["Type"] == "AWS::EKS::Cluster"]
@@ -948,6 +946,6 @@ def test_gpu_runtime_pod_is_a_valid_pod_with_the_trn_pods_storage(
 def test_workspace_refuses_bad_gpu_props(
     dev: Synth, overrides: dict[str, Any], message: str
 ) -> None:
-    props = dataclasses.replace(dev.platform.workloads.workspace.props, **overrides)
+    props = {**vars(dev.platform.workloads.workspace.props), **overrides}
     with pytest.raises(ValueError, match=message):
-        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", props=props)
+        TrainingWorkspace(cdk.Stack(construct_app(), "W"), "W", **props)

@@ -8,7 +8,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
-from constructs_lib import TrainingDataPaths, TrainingDataPathsProps
+from constructs_lib import TrainingDataPaths
 from tests.conftest import Synth, construct_app
 
 
@@ -335,7 +335,7 @@ def data_paths(**overrides: Any) -> TrainingDataPaths:
         "lustre_clients": ec2.Peer.ipv4("10.0.0.0/16"),
         **overrides,
     }
-    return TrainingDataPaths(stack, "D", props=TrainingDataPathsProps(**props))
+    return TrainingDataPaths(stack, "D", **props)
 
 
 @pytest.mark.parametrize(
@@ -371,12 +371,10 @@ def test_bring_your_own_datasets_bucket() -> None:
     paths = TrainingDataPaths(
         stack,
         "D",
-        props=TrainingDataPathsProps(
-            vpc=vpc,
-            fsx_subnet=vpc.private_subnets[0],
-            lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
-            datasets_bucket=theirs,
-        ),
+        vpc=vpc,
+        fsx_subnet=vpc.private_subnets[0],
+        lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
+        datasets_bucket=theirs,
     )
     template = cdk.assertions.Template.from_stack(stack).to_json()
     buckets = [i for i, r in template["Resources"].items() if r["Type"] == "AWS::S3::Bucket"]
@@ -412,12 +410,10 @@ def test_bring_your_own_encryption_key() -> None:
     paths = TrainingDataPaths(
         stack,
         "D",
-        props=TrainingDataPathsProps(
-            vpc=vpc,
-            fsx_subnet=vpc.private_subnets[0],
-            lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
-            encryption_key=theirs,
-        ),
+        vpc=vpc,
+        fsx_subnet=vpc.private_subnets[0],
+        lustre_clients=ec2.Peer.ipv4("10.0.0.0/16"),
+        encryption_key=theirs,
     )
     resources = cdk.assertions.Template.from_stack(stack).to_json()["Resources"]
     assert paths.key is theirs

@@ -10,7 +10,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk.assertions import Template
 
 import trn_catalog
-from constructs_lib import GpuNodeGroup, GpuNodeGroupProps
+from constructs_lib import GpuNodeGroup
 from tests.conftest import construct_app
 from tests.template_parts import launch_data, nodegroup, of_type, scaling
 
@@ -31,11 +31,11 @@ def _stack() -> tuple[cdk.Stack, ec2.Vpc, eks.ICluster]:
     return stack, vpc, cluster
 
 
-def _props(vpc: ec2.Vpc, cluster: eks.ICluster, **overrides: Any) -> GpuNodeGroupProps:
+def _props(vpc: ec2.Vpc, cluster: eks.ICluster, **overrides: Any) -> dict[str, Any]:
     props: dict[str, Any] = {"cluster": cluster, "subnet": vpc.private_subnets[0], **overrides}
     if props.get("capacity", "on-demand") != "on-demand":
         props.setdefault("capacity_reservation_id", RESERVATION)
-    return GpuNodeGroupProps(**props)
+    return props
 
 
 def _own(template: dict[str, Any], group: GpuNodeGroup) -> dict[str, Any]:
@@ -53,11 +53,11 @@ def synthesized() -> dict[str, tuple[GpuNodeGroup, dict[str, Any]]]:
         f"{instance_type}/{mode}": GpuNodeGroup(
             stack,
             f"G{index}",
-            props=_props(vpc, cluster, instance_type=instance_type, capacity=mode),
+            **_props(vpc, cluster, instance_type=instance_type, capacity=mode),
         )
         for index, (instance_type, mode) in enumerate(VARIANTS)
     }
-    groups["named"] = GpuNodeGroup(stack, "Named", props=_props(vpc, cluster, name_prefix="x-gpu"))
+    groups["named"] = GpuNodeGroup(stack, "Named", **_props(vpc, cluster, name_prefix="x-gpu"))
     template = Template.from_stack(stack).to_json()
     return {key: (group, _own(template, group)) for key, group in groups.items()}
 
@@ -189,4 +189,4 @@ def test_replacement_safe_name(
 def test_bad_props_are_refused(overrides: dict[str, Any], message: str) -> None:
     stack, vpc, cluster = _stack()
     with pytest.raises(ValueError, match=message):
-        GpuNodeGroup(stack, "Bad", props=_props(vpc, cluster, **overrides))
+        GpuNodeGroup(stack, "Bad", **_props(vpc, cluster, **overrides))

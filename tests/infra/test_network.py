@@ -11,7 +11,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
 from moto import mock_aws
 
-from constructs_lib import DEFAULT_INTERFACE_ENDPOINTS, TrainingNetwork, TrainingNetworkProps
+from constructs_lib import DEFAULT_INTERFACE_ENDPOINTS, TrainingNetwork
 from constructs_lib.network import NATIVE_RESERVATION_REGIONS, ZONE_MARKER_NAME
 from platform_config.parse import DEFAULT_REGION
 from tests.conftest import Synth, construct_app
@@ -71,7 +71,7 @@ def test_trn_subnet_keeps_a_prefix_reservation(dev: Synth) -> None:
     assert params["ReservationType"] == "prefix" and params["SubnetId"] == "SUBNET"
     assert ipaddress.ip_network(params["Cidr"]).subnet_of(ipaddress.ip_network(subnet["CidrBlock"]))
     assert ipaddress.ip_network(params["Cidr"]).prefixlen == 20
-    # Fixed once deployed (TrainingNetworkProps.prefix_reservation_mask): another block or
+    # Fixed once deployed (TrainingNetwork's prefix_reservation_mask): another block or
     # description would replace the reservation with one that overlaps it, which EC2 refuses.
     last = list(ipaddress.ip_network(subnet["CidrBlock"]).subnets(new_prefix=20))[-1]
     assert params["Cidr"] == str(last)
@@ -237,7 +237,7 @@ def network(region: str = "us-east-2", **overrides: Any) -> TrainingNetwork:
         "availability_zones": ["us-east-2a", "us-east-2b"],
         **overrides,
     }
-    return TrainingNetwork(stack, "N", props=TrainingNetworkProps(**props))
+    return TrainingNetwork(stack, "N", **props)
 
 
 @pytest.mark.parametrize(
@@ -320,9 +320,7 @@ def test_bring_your_own_vpc_selects_the_trn_az_subnet() -> None:
         construct_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2")
     )
     vpc = own_vpc(stack, ["us-east-2a", "us-east-2b", "us-east-2c"])
-    built = TrainingNetwork(
-        stack, "N", props=TrainingNetworkProps(trn_availability_zone="us-east-2b", vpc=vpc)
-    )
+    built = TrainingNetwork(stack, "N", trn_availability_zone="us-east-2b", vpc=vpc)
     assert built.vpc is vpc
     assert built.trn_subnet.availability_zone == "us-east-2b"
     assert built.trn_subnet.node.path in [s.node.path for s in vpc.private_subnets]
@@ -339,9 +337,7 @@ def test_bring_your_own_vpc_without_a_private_subnet_in_the_trn_az() -> None:
         r"private subnets are in \['us-east-2a', 'us-east-2b'\]"
     )
     with pytest.raises(ValueError, match=message):
-        TrainingNetwork(
-            stack, "N", props=TrainingNetworkProps(trn_availability_zone="us-east-2c", vpc=vpc)
-        )
+        TrainingNetwork(stack, "N", trn_availability_zone="us-east-2c", vpc=vpc)
 
 
 def test_a_deployed_networks_zones_do_not_move(

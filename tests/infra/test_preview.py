@@ -11,7 +11,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
 
-from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
+from constructs_lib import PreviewLifecycle
 from platform_config import parse_config
 from stacks import build_platform
 from tests.conftest import Synth, construct_app, context_with
@@ -224,7 +224,7 @@ def lifecycle(region: str = "us-east-2", **overrides: Any) -> PreviewLifecycle:
     app = construct_app()
     stack = cdk.Stack(app, "L", env=cdk.Environment(account="123456789012", region=region))
     props: dict[str, Any] = {"project": "delta", "expires_at": NOW, "stacks": [stack], **overrides}
-    return PreviewLifecycle(stack, "P", props=PreviewLifecycleProps(**props))
+    return PreviewLifecycle(stack, "P", **props)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from constructs_lib import PreviewLifecycle, PreviewLifecycleProps
+from constructs_lib import PreviewLifecycle
 from constructs_lib.preview_reaper.handler import (
     POLL_SECONDS,
     DeletionFailed,
@@ -358,11 +358,7 @@ def test_handler_moves_the_schedule_that_the_construct_made(cloudformation: Any)
     env = cdk.Environment(account="123456789012", region="us-east-2")
     life = cdk.Stack(app, "pv-delta-lifecycle", env=env)
     network = cdk.Stack(app, "pv-delta-network", env=env)
-    PreviewLifecycle(
-        life,
-        "P",
-        props=PreviewLifecycleProps(project="delta", expires_at=NOW, stacks=[life, network]),
-    )
+    PreviewLifecycle(life, "P", project="delta", expires_at=NOW, stacks=[life, network])
     resources = cdk.assertions.Template.from_stack(life).to_json()["Resources"]
     (made,) = [
         r["Properties"] for r in resources.values() if r["Type"] == "AWS::Scheduler::Schedule"

@@ -20,7 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from constructs_lib import TrainingImage, TrainingImageProps
+from constructs_lib import TrainingImage
 from constructs_lib.training_image import BUNDLED_TAG_PREFIX
 from tests.conftest import Synth, construct_app
 
@@ -153,8 +153,9 @@ def image(tmp_path: Path, **overrides: Any) -> TrainingImage:
     # No asset bundling: the lifecycle rule is all these tests read.
     app = construct_app(outdir=str(tmp_path / "cdk.out"), context={"aws:cdk:bundling-stacks": []})
     stack = cdk.Stack(app, "I")
-    props = TrainingImageProps(directory=str(context), dockerfile="Dockerfile", **overrides)
-    return TrainingImage(stack, "Image", props=props)
+    return TrainingImage(
+        stack, "Image", directory=str(context), dockerfile="Dockerfile", **overrides
+    )
 
 
 def test_keep_images_reaches_the_rule(tmp_path: Path) -> None:

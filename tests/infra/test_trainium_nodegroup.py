@@ -12,7 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 
 import trn_catalog
-from constructs_lib import TrainiumNodeGroup, TrainiumNodeGroupProps
+from constructs_lib import TrainiumNodeGroup
 from constructs_lib.trainium_nodegroup import REPLACING_PROPERTIES
 from tests.conftest import construct_app
 from tests.template_parts import launch_data, nodegroup, of_type, scaling
@@ -38,7 +38,7 @@ def build(tweak: Tweak | None = None, **overrides: Any) -> tuple[TrainiumNodeGro
     props.update(tweak(stack, vpc) if tweak else {})
     if props.get("capacity", "on-demand") != "on-demand":
         props.setdefault("capacity_reservation_id", RESERVATION)
-    group = TrainiumNodeGroup(stack, "Trn", props=TrainiumNodeGroupProps(**props))
+    group = TrainiumNodeGroup(stack, "Trn", **props)
     return group, Template.from_stack(stack).to_json()
 
 

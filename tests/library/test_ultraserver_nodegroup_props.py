@@ -19,6 +19,7 @@ def add(ultraserver_type: str, ids: list[str], **props: Any) -> Any:
         SimpleNamespace(),  # type: ignore[arg-type]
         ultraserver_type,
         ids,
+        subnet=SimpleNamespace(),
         **props,
     )
 
