@@ -92,4 +92,4 @@ def check_instance(stack: NeuronStack, instance_type: str) -> None:
         )
     problem = neuron_stacks.stack_problem(stack.name, instance_type)
     if problem:
-        raise ValueError(f"{problem}; TrainingImageProps(neuron_stack=...) sets it")
+        raise ValueError(f"{problem}; TrainingImage(neuron_stack=...) sets it")
