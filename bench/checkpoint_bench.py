@@ -23,6 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
+import results_file
 import torch
 
 from trainer import optim
@@ -91,10 +92,7 @@ def main() -> int:
         "torch": torch.__version__,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    path = Path(args.results)
-    merged = json.loads(path.read_text()) if path.exists() else {}
-    merged["checkpoint"] = result
-    path.write_text(json.dumps(merged, indent=2) + "\n")
+    results_file.merge(args.results, "checkpoint", result)
     print(json.dumps(figures))
     return 0
 

@@ -30,6 +30,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import hf_bench
+import results_file
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaForSequenceClassification
@@ -167,10 +168,7 @@ def main() -> int:
         },
         "command": f"python {Path(__file__).resolve()}",
     }
-    results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["classification"] = section
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    results_file.merge(args.results, "classification", section)
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0 if all(section["meets_goals"].values()) else 1
 

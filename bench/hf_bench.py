@@ -39,6 +39,7 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import numpy as np
+import results_file
 import torch
 from tokenizers import Tokenizer, models
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -264,10 +265,7 @@ def main() -> int:
         },
         "command": f"python {Path(__file__).resolve()}",
     }
-    results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["fine_tuning"] = section
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    results_file.merge(args.results, "fine_tuning", section)
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
     return 0 if all(section["meets_goals"].values()) else 1
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import hf_bench
 import numpy as np
+import results_file
 import torch
 
 from trainer import data, hf, hf_config, metrics, optim, packing
@@ -205,10 +206,7 @@ def main() -> int:
         },
         "command": f"python {Path(__file__).resolve()}",
     }
-    results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["packing"] = section
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    results_file.merge(args.results, "packing", section)
     print(
         json.dumps({**{k: round(v, 4) for k, v in figures.items()}, "fill": round(packed_fill, 4)})
     )

@@ -13,12 +13,13 @@ checkpoint_bench.py has no goal); the page then shows what ran, and `make bench`
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
+
+import results_file
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
@@ -59,9 +60,7 @@ def machine() -> str:
 
 
 def _merge_run(fields: dict[str, object]) -> None:
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results["run"] = {**results.get("run", {}), **fields}
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    results_file.merge(RESULTS, "run", fields)
 
 
 def main() -> int:

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_file
+
 ROOT = Path(__file__).resolve().parent.parent
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
 BASELINE_APP = """
@@ -90,10 +92,7 @@ def main() -> int:
         "rounds": args.rounds,
         "command": "python bench/synth_bench.py",
     }
-    results_path = Path(args.results)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["synth"] = figures
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    results_file.merge(args.results, "synth", figures)
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import results_file
 import torch
 
 from trainer import data, metrics, optim
@@ -375,10 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
-    path = Path(args.results)
-    merged = json.loads(path.read_text()) if path.exists() else {}
-    merged["trainer"] = result
-    path.write_text(json.dumps(merged, indent=2) + "\n")
+    results_file.merge(args.results, "trainer", result)
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}))
     failed = failures(figures)
     for line in failed:

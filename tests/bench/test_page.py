@@ -75,3 +75,19 @@ def test_the_script_writes_the_page_from_the_results_file(page: ModuleType, tmp_
     assert page.main(["--results", str(results), "--out", str(out)]) == 0
     assert out.read_text() == page.render(RESULTS)
     assert page.main(["--results", str(tmp_path / "none.json"), "--out", str(out)]) == 2
+
+
+def test_each_script_merges_its_section_and_the_run_section_grows(
+    page: ModuleType, tmp_path: Path
+) -> None:
+    results_file = importlib.import_module("results_file")
+    path = tmp_path / "results.json"
+    results_file.merge(path, "run", {"started": "a"})
+    results_file.merge(path, "synth", {"ratio": 1.5, "rounds": 5})
+    results_file.merge(path, "synth", {"ratio": 1.4})
+    results_file.merge(path, "run", {"finished": "b"})
+
+    assert json.loads(path.read_text()) == {
+        "run": {"started": "a", "finished": "b"},
+        "synth": {"ratio": 1.4},
+    }
