@@ -92,15 +92,21 @@ def make_model(
     return out
 
 
-def make_data(root: Path, model_dir: Path) -> Path:
-    """Random tokens, recorded as tokenized with ``model_dir``'s tokenizer."""
-    tokens = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], 1 << 20, dtype=np.int64)
-    out = root / "data"
-    identity = {
+def identity_of(model_dir: Path) -> dict[str, Any]:
+    """The tokenizer identity a dataset records as tokenized with ``model_dir``'s tokenizer,
+    which ``trn-train run --model`` checks against the model's."""
+    return {
         "tokenizer": f"hf:{model_dir.name}",
         "tokenizer_sha256": tokenizing.tokenizer_sha256(model_dir),
         "eos_token_id": 0,
     }
+
+
+def make_data(root: Path, model_dir: Path) -> Path:
+    """Random tokens, recorded as tokenized with ``model_dir``'s tokenizer."""
+    tokens = np.random.default_rng(0).integers(0, LLAMA["vocab_size"], 1 << 20, dtype=np.int64)
+    out = root / "data"
+    identity = identity_of(model_dir)
     data.write_split_dataset(
         out, [(tokens, None)], vocab_size=LLAMA["vocab_size"], identity=identity, eval_fraction=0
     )

@@ -41,7 +41,6 @@ from trainer.loop import train
 
 WARMUP, MEASURED = hf_bench.WARMUP, hf_bench.MEASURED
 GOALS = {"packed_useful_vs_stream_tokens_per_s": 0.9}
-IDENTITY = {"tokenizer": "random", "tokenizer_sha256": "0" * 64, "eos_token_id": 0}
 
 
 def conversations(count: int, vocab: int, seed: int = 0) -> list[data.Example]:
@@ -61,11 +60,15 @@ def conversations(count: int, vocab: int, seed: int = 0) -> list[data.Example]:
     return out
 
 
-def write_both(work: Path, examples: list[data.Example], vocab: int) -> tuple[Path, Path]:
-    """The conversations as whole examples (format 3) and as one stream (format 2)."""
+def write_both(
+    work: Path, examples: list[data.Example], vocab: int, model_dir: Path
+) -> tuple[Path, Path]:
+    """The conversations as whole examples (format 3) and as one stream (format 2), both
+    recorded as tokenized with ``model_dir``'s tokenizer (``--model`` runs refuse other data)."""
     packed, stream = work / "packed", work / "stream"
-    data.write_examples_dataset(packed, examples, [], vocab_size=vocab, identity=IDENTITY)
-    data.write_split_dataset(stream, examples, vocab_size=vocab, identity=IDENTITY, eval_fraction=0)
+    identity = hf_bench.identity_of(model_dir)
+    data.write_examples_dataset(packed, examples, [], vocab_size=vocab, identity=identity)
+    data.write_split_dataset(stream, examples, vocab_size=vocab, identity=identity, eval_fraction=0)
     return packed, stream
 
 
@@ -171,7 +174,7 @@ def main() -> int:
             work, hf_bench.LLAMA, dtype=torch.float32, max_shard_bytes=8 << 20
         )
         examples = conversations(2000, vocab)
-        packed, stream = write_both(work, examples, vocab)
+        packed, stream = write_both(work, examples, vocab, model_dir)
         rates: dict[str, list[float]] = {"packed": [], "stream": []}
         for round_ in range(args.rounds):
             for name in sorted(rates, reverse=round_ % 2 == 1):
