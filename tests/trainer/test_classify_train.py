@@ -153,3 +153,70 @@ def test_tasks_and_data_must_match(
     assert "train it with --task classify" in capsys.readouterr().err
     assert cli.main([*causal, "--class-weights", "auto"]) == 2
     assert "class_weights 'auto' needs task classify" in capsys.readouterr().err
+
+
+def test_the_best_checkpoint_by_a_metric_is_kept_and_exported(
+    task: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, data = task
+    log, ck = tmp_path / "m.jsonl", tmp_path / "ck"
+    args = _run(
+        model, data, ck, "--max-steps", "12", "--eval-every", "3", "--keep-checkpoints", "1"
+    )
+    assert cli.main([*args, "--best-metric", "eval_accuracy", "--metrics", str(log)]) == 0
+    evals = metrics.read(log, kind="eval")
+    scores = [r["eval_accuracy"] for r in evals]
+    improved = [r["step"] for i, r in enumerate(evals) if scores[i] > max(scores[:i], default=-1)]
+    assert [r["step"] for r in evals if r.get("best")] == improved
+    best = next(r for r in evals if r["step"] == improved[-1])
+    # Pruning to one keeps the newest and the best (the same one when the last eval is best).
+    kept = sorted(p.name for p in ck.iterdir() if p.name.startswith("step_"))
+    assert kept == sorted({f"step_{best['step']:08d}", "step_00000012"})
+    out = tmp_path / "best"
+    assert cli.main(["export", "--checkpoint-dir", str(ck), "--out", str(out), "--best"]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", "--model", str(out), "--data", str(data), "--seq-len", str(SEQ)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["loss"] == pytest.approx(best["eval_loss"], rel=1e-5)
+    assert line["accuracy"] == best["eval_accuracy"]
+
+
+def test_best_metric_needs_eval_and_checkpoints(
+    task: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, data = task
+    assert (
+        cli.main(
+            [
+                *_run(model, data, tmp_path / "ck", "--max-steps", "2"),
+                "--best-metric",
+                "eval_accuracy",
+            ]
+        )
+        == 2
+    )
+    assert "needs eval_every and checkpoint_dir" in capsys.readouterr().err
+
+
+def test_a_resumed_run_keeps_its_best_checkpoint_and_value(tmp_path: Path) -> None:
+    from trainer import loop
+    from trainer.checkpoint import Checkpointer, open_store
+    from trainer.config import TrainConfig
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = Checkpointer(open_store(str(tmp_path)), keep=1)
+    writer.save(3, model, optimizer, run={}, best={"metric": "eval_loss", "value": 0.5, "step": 3})
+    writer.pinned.add("step_00000003")
+    writer.save(6, model, optimizer, run={})
+    writer.save(9, model, optimizer, run={})
+    # Pruning to one keeps the newest and the pinned best, older than it.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == [
+        "step_00000003",
+        "step_00000009",
+    ]
+    reader = Checkpointer(open_store(str(tmp_path)), keep=1)
+    cfg = TrainConfig(best_metric="eval_loss", eval_every=3, checkpoint_dir=str(tmp_path))
+    best = loop._best_so_far(cfg, reader)
+    assert best is not None and best.value == 0.5 and reader.pinned == {"step_00000003"}
+    assert not best.improves({"eval_loss": 0.6}) and best.improves({"eval_loss": 0.4})

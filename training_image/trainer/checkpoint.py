@@ -56,6 +56,7 @@ or bucket that only the runs write.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import itertools
@@ -93,6 +94,8 @@ FORMAT = "trn-train-checkpoint-dcp-v1"
 # Unsharded runs' checkpoints before the one format: the state in one torch.save file, STATE.
 FORMAT_TORCH_SAVE = "trn-train-checkpoint-v1"
 STATE = "state.pt"
+# meta.json's record of the eval figure that made a checkpoint its run's best (best_metric).
+BEST = "best"
 # torch.distributed.checkpoint's FileSystemWriter names rank r's data files __<r>_<i>.distcp and
 # the coordinator's metadata .metadata (torch 2.13, torch/distributed/checkpoint/filesystem.py).
 DCP_METADATA = ".metadata"
@@ -595,6 +598,7 @@ class Checkpointer:
     keep: int = 3
     model_files: tuple[Path, ...] = ()
     base_model: str = ""
+    pinned: set[str] = dataclasses.field(default_factory=set)
 
     def save(
         self,
@@ -607,12 +611,15 @@ class Checkpointer:
         sharded: bool = False,
         ranks: parallel.Ranks | None = None,
         group: dist.ProcessGroup | None = None,
+        best: Mapping[str, object] | None = None,
     ) -> str:
         """Writes checkpoint ``step`` and returns its name; ``run`` (see :func:`run_config`)
-        goes into ``meta.json``. Full (default): gathered, written by the main rank alone (the
-        others only take part in gathering). ``sharded``: every rank of ``ranks`` (default: one)
-        writes its own shards (see the module's documentation); ``group`` is the control group
-        the ranks agree on (the staging directory, the files' checksums, the end of writing)."""
+        goes into ``meta.json``, and ``best`` (default none: the eval figure that made it the
+        run's best, see :meth:`best_valid`) beside it. Full (default): gathered, written by the
+        main rank alone (the others only take part in gathering). ``sharded``: every rank of
+        ``ranks`` (default: one) writes its own shards (see the module's documentation);
+        ``group`` is the control group the ranks agree on (the staging directory, the files'
+        checksums, the end of writing)."""
         options = _options(model, full=not sharded)
         state = {
             "model": _model_state(model, options),
@@ -620,6 +627,8 @@ class Checkpointer:
             "rng": torch.get_rng_state(),
         }
         name = name_for(step)
+        if best is not None:
+            run = {**(run or {}), BEST: dict(best)}
         if sharded:
             self._write(name, step, state, main, run, ranks or parallel.Ranks(), group)
         elif main:
@@ -676,7 +685,9 @@ class Checkpointer:
         """Adds the run, the carried model files and ``meta.json`` (last) to ``staged``,
         publishes it as ``name`` and prunes to the newest :attr:`keep`."""
         if run is not None:
-            meta["run"] = dict(run)
+            meta["run"] = {k: v for k, v in run.items() if k != BEST}
+            if BEST in run:
+                meta[BEST] = run[BEST]
         if self.model_files:
             (staged / MODEL_FILES).mkdir()
             for path in self.model_files:
@@ -690,7 +701,8 @@ class Checkpointer:
             os.fsync(f.fileno())
         self.store.publish(staged, name)
         for old in self.store.names()[: -self.keep]:
-            self.store.delete(old)
+            if old not in self.pinned:
+                self.store.delete(old)
 
     def remove_stale(self) -> list[str]:
         """What saves killed midway left behind, removed (see :meth:`Store.remove_stale`). Call
@@ -857,6 +869,27 @@ class Checkpointer:
                 warnings.warn(f"skipping {e}", CorruptCheckpointWarning, stacklevel=2)
             else:
                 return name
+        return None
+
+    def best_valid(self) -> tuple[str, dict[str, Any]] | None:
+        """The checkpoint whose ``meta.json`` records the best eval figure (``best``: its
+        ``metric``, ``value``; lower is better for a metric named ``*loss``, else higher; the
+        newer on a tie) among those that pass :meth:`verify`, with that record; None when no
+        checkpoint records one."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        for name in self.store.names():
+            record = self.meta_of(name).get(BEST)
+            if isinstance(record, dict):
+                found.append((name, record))
+        lower = any(str(r.get("metric", "")).endswith("loss") for _, r in found)
+        order = sorted(found, key=lambda f: (-f[1]["value"] if lower else f[1]["value"], f[0]))
+        for name, record in reversed(order):
+            try:
+                self.verify(name)
+            except CheckpointError as e:
+                warnings.warn(f"skipping {e}", CorruptCheckpointWarning, stacklevel=2)
+            else:
+                return name, record
         return None
 
     def resume(

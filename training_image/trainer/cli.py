@@ -269,6 +269,11 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="of the written weights; auto = the model's config.json dtype (float32 if none)",
     )
     export.add_argument(
+        "--best",
+        action="store_true",
+        help="the run's best checkpoint by its --best-metric instead of the newest",
+    )
+    export.add_argument(
         "--merge-lora",
         action="store_true",
         help="of a LoRA run: the full model with the adapters merged (default: a PEFT adapter)",
@@ -292,6 +297,7 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     for add in (
         _add_model_args,
+        _add_task_args,
         _add_data_args,
         _add_optimizer_args,
         _add_output_args,
@@ -310,20 +316,6 @@ def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         default=d.model_dir,
         help="Hugging Face model directory to fine-tune (config.json, safetensors, tokenizer); "
         "replaces --preset",
-    )
-    run.add_argument(
-        "--task",
-        choices=TASKS,
-        default=d.task,
-        help="causal-lm (default): next-token prediction; classify: a score head on --model's "
-        "decoder, data of prepare-data --format classify (docs/classification.md)",
-    )
-    run.add_argument(
-        "--class-weights",
-        choices=CLASS_WEIGHTS,
-        default=d.class_weights,
-        help="with --task classify: auto weighs each class's loss by inverse frequency "
-        "(multi-label: pos_weight negatives/positives); default %(default)s",
     )
     run.add_argument(
         "--lora-rank",
@@ -355,6 +347,32 @@ def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         default=d.activation_checkpointing,
         help="recompute each transformer block's forward in backward instead of keeping its "
         f"activations; auto (default) = on above {AUTO_CHECKPOINT_PARAMS:.0e} parameters",
+    )
+
+
+def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the task (next-token prediction or classification), its
+    class weights, and the eval figure that picks the best checkpoint."""
+    run.add_argument(
+        "--task",
+        choices=TASKS,
+        default=d.task,
+        help="causal-lm (default): next-token prediction; classify: a score head on --model's "
+        "decoder, data of prepare-data --format classify (docs/classification.md)",
+    )
+    run.add_argument(
+        "--class-weights",
+        choices=CLASS_WEIGHTS,
+        default=d.class_weights,
+        help="with --task classify: auto weighs each class's loss by inverse frequency "
+        "(multi-label: pos_weight negatives/positives); default %(default)s",
+    )
+    run.add_argument(
+        "--best-metric",
+        default=d.best_metric,
+        help="an eval figure (eval_loss; with --task classify eval_accuracy, eval_macro_f1, "
+        "eval_micro_f1): each eval that improves it writes a checkpoint kept beside the newest "
+        "(export --best); needs --eval-every and --checkpoint-dir",
     )
 
 
@@ -558,6 +576,7 @@ def _hf_command(args: argparse.Namespace) -> int:
         merge_lora=args.merge_lora,
         base_model_id=args.base_model_id,
         task_writers={"classify": classify_export.write_checkpoint},
+        best=args.best,
     )
     print(json.dumps({"out": args.out, "files": written}))
     return 0

@@ -208,7 +208,9 @@ class TrainConfig:
     ``task``: ``causal-lm`` (default: next-token cross-entropy) or ``classify`` (a score head
     on ``model_dir``'s decoder, data of ``prepare-data --format classify``; see
     :mod:`trainer.classify`), whose cross-entropy ``class_weights`` ``auto`` weighs by inverse
-    class frequency (default ``none``).
+    class frequency (default ``none``). ``best_metric`` (default none) names an eval figure
+    (``eval_loss``, ``eval_accuracy``, ...): each eval that improves it writes a checkpoint
+    that pruning keeps, which ``trn-train export --best`` reads.
 
     ``activation_checkpointing``: ``on`` recomputes each transformer block's forward in backward
     instead of keeping its activations, ``off`` keeps them, ``auto`` (default) is ``on`` for
@@ -251,6 +253,7 @@ class TrainConfig:
     activation_checkpointing: str = "auto"
     task: str = "causal-lm"
     class_weights: str = "none"
+    best_metric: str = ""
 
     @property
     def _defaults(self) -> RunDefaults | Preset:
@@ -369,3 +372,11 @@ class TrainConfig:
             )
         if self.class_weights != "none" and self.task != "classify":
             raise ValueError(f"class_weights {self.class_weights!r} needs task classify")
+        if self.best_metric and not (
+            self.best_metric.startswith("eval_") and self.eval_every and self.checkpoint_dir
+        ):
+            raise ValueError(
+                f"best_metric {self.best_metric!r} names an eval record's figure (eval_loss; "
+                "classify: eval_accuracy, eval_macro_f1, eval_micro_f1) and needs eval_every "
+                "and checkpoint_dir"
+            )

@@ -195,6 +195,7 @@ def export_checkpoint(
     merge_lora: bool = False,
     base_model_id: str = "",
     task_writers: Mapping[str, TaskWriter] | None = None,
+    best: bool = False,
 ) -> list[str]:
     """Writes the newest valid checkpoint in ``checkpoint_dir`` (a path or ``s3://`` URI) to the
     local directory ``out`` (see :func:`save_pretrained` for ``dtype`` and
@@ -205,6 +206,8 @@ def export_checkpoint(
     by :func:`base_model_name`. A run of another task (its run config's ``task``, e.g.
     ``classify``) is written by its writer in ``task_writers`` (default none; the CLI passes
     :func:`trainer.classify.export.write_checkpoint`), with the carried tokenizer files.
+    ``best`` (default False): the run's best checkpoint by its ``best_metric``
+    (:meth:`~trainer.checkpoint.Checkpointer.best_valid`) instead of the newest.
 
     Raises:
         CheckpointError: no valid checkpoint there, the newest was not saved by a run from a
@@ -218,7 +221,7 @@ def export_checkpoint(
     check_empty_out(out)  # before reading a checkpoint that may be gigabytes
     checkpointer = Checkpointer(open_store(checkpoint_dir))
     try:
-        options = ExportOptions(dtype, max_shard_bytes, merge_lora, base_model_id)
+        options = ExportOptions(dtype, max_shard_bytes, merge_lora, base_model_id, best)
         return _export(checkpointer, checkpoint_dir, out, options, task_writers or {})
     finally:
         checkpointer.store.drop_local_copies()  # from S3: this process's downloads
@@ -232,9 +235,7 @@ def _export(
     task_writers: Mapping[str, TaskWriter],
 ) -> list[str]:
     dtype, limit, merge_lora = options.dtype, options.max_shard_bytes, options.merge_lora
-    name = checkpointer.newest_valid()
-    if name is None:
-        raise CheckpointError(f"{checkpoint_dir} holds no valid checkpoint to export")
+    name = _chosen(checkpointer, checkpoint_dir, options.best)
     carried = checkpointer.model_files_of(name)
     if hf_config.CONFIG not in carried:
         raise CheckpointError(
@@ -270,12 +271,14 @@ def _export(
 @dataclass(frozen=True)
 class ExportOptions:
     """How ``trn-train export`` writes: the weights' ``dtype``, the shards' size limit, whether
-    LoRA adapters are merged, and the adapter's base model id (see :func:`base_model_name`)."""
+    LoRA adapters are merged, the adapter's base model id (see :func:`base_model_name`), and
+    whether the run's best checkpoint is read rather than its newest."""
 
     dtype: str = "auto"
     max_shard_bytes: int = 5 << 30
     merge_lora: bool = False
     base_model_id: str = ""
+    best: bool = False
 
 
 # A task's writer of one of its run's checkpoints: given the checkpointer, the checkpoint's
@@ -285,6 +288,26 @@ TaskWriter = Callable[
     [Checkpointer, str, dict[str, Any], dict[str, torch.Tensor], "str | Path", ExportOptions],
     list[str],
 ]
+
+
+def _chosen(checkpointer: Checkpointer, checkpoint_dir: str, best: bool) -> str:
+    """The newest valid checkpoint, or with ``best`` the best by the run's ``best_metric``.
+
+    Raises:
+        CheckpointError: there is none.
+    """
+    if best:
+        found = checkpointer.best_valid()
+        if found is None:
+            raise CheckpointError(
+                f"--best: no checkpoint in {checkpoint_dir} records a best eval figure (runs "
+                "with --best-metric and --eval-every write one)"
+            )
+        return found[0]
+    name = checkpointer.newest_valid()
+    if name is None:
+        raise CheckpointError(f"{checkpoint_dir} holds no valid checkpoint to export")
+    return name
 
 
 def base_model_name(raw_config: Mapping[str, Any], base_dir: str, base_model_id: str) -> str:

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import causal_lm, device, emf, hf, lora, model_spec, optim, parallel, tokenizing
-from trainer.checkpoint import Checkpointer, open_store, resume_newest, run_config
+from trainer.checkpoint import Checkpointer, name_for, open_store, resume_newest, run_config
 from trainer.classify import task as classify
 from trainer.classify.evaluate import is_classification_data
 from trainer.config import ModelConfig, TrainConfig
@@ -256,6 +256,30 @@ class Throughput:
     examples_per_step: int | None = None
 
 
+@dataclass
+class Best:
+    """The run's best value so far of ``metric``, a figure of its eval records (lower is better
+    for a ``*loss``, higher for any other); None before the first."""
+
+    metric: str
+    value: float | None = None
+
+    def improves(self, figures: dict[str, object]) -> bool:
+        """Whether ``figures`` beat the best so far (which they then become)."""
+        found = figures.get(self.metric)
+        if not isinstance(found, int | float):
+            return False
+        lower = self.metric.endswith("loss")
+        if self.value is not None and (found >= self.value if lower else found <= self.value):
+            return False
+        self.value = float(found)
+        return True
+
+    def record(self, step: int) -> dict[str, object]:
+        """What the best checkpoint's ``meta.json`` records of it."""
+        return {"metric": self.metric, "value": self.value, "step": step}
+
+
 @dataclass(frozen=True)
 class Run:
     """What set-up gives the steps: the config and the model it resolves to, the ranks and
@@ -281,6 +305,7 @@ class Run:
     log: MetricsLog
     throughput: Throughput
     batches: Iterator[Batch]
+    best: Best | None = None
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -327,6 +352,7 @@ def set_up(cfg: TrainConfig) -> Run:
     start = 0
     if checkpointer is not None:
         start = resume_newest(checkpointer, model, optimizer, run=run, ranks=ranks, group=control)
+    best = _best_so_far(cfg, checkpointer)
     throughput, log = _metrics(
         cfg, spec, ranks, backend, task, max_steps, data, (started_at, started)
     )
@@ -351,7 +377,21 @@ def set_up(cfg: TrainConfig) -> Run:
         log=log,
         throughput=throughput,
         batches=batches,
+        best=best,
     )
+
+
+def _best_so_far(cfg: TrainConfig, checkpointer: Checkpointer | None) -> Best | None:
+    """With ``cfg.best_metric``, the run's :class:`Best` and, resumed, the best checkpoint so
+    far (pinned, and its value the one to beat); None without."""
+    if not cfg.best_metric:
+        return None
+    best = Best(cfg.best_metric)
+    found = checkpointer.best_valid() if checkpointer is not None else None
+    if checkpointer is not None and found is not None:
+        checkpointer.pinned.add(found[0])
+        best.value = float(found[1]["value"])
+    return best
 
 
 def _start_backend(
@@ -699,16 +739,21 @@ def after_step(
     """What follows step ``step``: the interval's metrics record every ``log_every`` steps and
     at the last; the task's eval every ``eval_every`` steps; whether SIGTERM reached any rank
     (the run is ``preempted``); and a checkpoint every ``checkpoint_every`` steps, at the last
-    and when preempted. Returns ``preempted`` and the checkpoint written (None if none)."""
+    and when preempted, and (with ``best_metric``) after an eval that improves it, that
+    checkpoint kept beside the newest (:attr:`trainer.checkpoint.Checkpointer.pinned`). Returns
+    ``preempted`` and the checkpoint written (None if none)."""
     cfg = run.cfg
     if step % cfg.log_every == 0 or step == run.max_steps:
         interval.record(run, step, figures)
-    if cfg.eval_every and step % cfg.eval_every == 0:
-        run.log.write_eval({"step": step, **run.task.evaluate(run.forward)})
+    best = cfg.eval_every > 0 and step % cfg.eval_every == 0 and _evaluate(run, step)
     preempted = parallel.any_rank(stop.set, run.ranks, run.control)
     periodic = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-    if run.checkpointer is None or not (periodic or preempted or step == run.max_steps):
+    last = step == run.max_steps
+    if run.checkpointer is None or not (periodic or preempted or last or best):
         return preempted, None
+    if best:  # before the save, whose pruning then drops the best before it
+        run.checkpointer.pinned.clear()
+        run.checkpointer.pinned.add(name_for(step))
     saved = run.checkpointer.save(
         step,
         run.model,
@@ -718,5 +763,15 @@ def after_step(
         sharded=run.sharded,
         ranks=run.ranks,
         group=run.control,
+        best=run.best.record(step) if best and run.best is not None else None,
     )
     return preempted, saved
+
+
+def _evaluate(run: Run, step: int) -> bool:
+    """The task's eval record at ``step``, marked ``best`` when it improves the run's
+    ``best_metric``; returns whether it does."""
+    figures = run.task.evaluate(run.forward)
+    best = run.best is not None and run.best.improves(figures)
+    run.log.write_eval({"step": step, **figures, **({"best": True} if best else {})})
+    return best
