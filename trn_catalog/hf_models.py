@@ -4,8 +4,9 @@ copies trn_catalog).
 
 Names as transformers 5.23.0 defines them: the causal-LM classes of
 ``models/{llama,qwen2,qwen3,mistral}/modeling_*.py`` and the ``model_type`` of their
-``configuration_*.py``, the weight file names of ``utils``
-(``SAFE_WEIGHTS_NAME``, ``SAFE_WEIGHTS_INDEX_NAME``) and the tokenizer files of
+``configuration_*.py``, BERT's classes of ``models/bert/modeling_bert.py`` (for
+classification), the weight file names of ``utils`` (``SAFE_WEIGHTS_NAME``,
+``SAFE_WEIGHTS_INDEX_NAME``) and the tokenizer files of
 ``tokenization_utils_base`` and the Llama tokenizer (``tokenizer.json`` for the fast tokenizer,
 ``tokenizer.model`` for SentencePiece).
 """
@@ -24,6 +25,19 @@ MODEL_TYPES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
 }
 ARCHITECTURES: tuple[str, ...] = tuple(MODEL_TYPES)
+# BERT checkpoints, which the classification task trains as an encoder
+# (training_image/trainer/classify/encoder.py): the classes of transformers 5.23.0's
+# models/bert/modeling_bert.py whose weights hold a BERT encoder (a classifier's, pre-training's
+# and masked LM's under "bert.", BertModel's at the top level), and their model_type.
+BERT_ARCHITECTURES: tuple[str, ...] = (
+    "BertForSequenceClassification",
+    "BertModel",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+)
+BERT_MODEL_TYPE = "bert"
+# What `trnctl model stage` takes: the decoders and BERT.
+STAGED_ARCHITECTURES: tuple[str, ...] = (*ARCHITECTURES, *BERT_ARCHITECTURES)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"

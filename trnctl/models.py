@@ -147,7 +147,7 @@ def check(files: Files, where: str) -> tuple[str, tuple[str, ...]]:
     only small files and the safetensors headers; returns its architecture and weight files.
 
     The checks: ``config.json`` is a JSON object whose ``architectures`` is a list of one of
-    :data:`trn_catalog.hf_models.ARCHITECTURES` (or, without ``architectures``, whose
+    :data:`trn_catalog.hf_models.STAGED_ARCHITECTURES` (or, without ``architectures``, whose
     ``model_type`` is one of theirs, as transformers reads it); the weights are
     ``model.safetensors`` (preferred where both exist, as transformers prefers it) or
     ``model.safetensors.index.json`` whose ``weight_map`` names files all present, each tensor in
@@ -182,13 +182,13 @@ def _architecture(files: Files, name: str) -> str:
     config = files.label(name)
     if not isinstance(raw, dict):
         raise TrnctlError(f"{config}: not a JSON object")
-    allowed = ", ".join(hf.ARCHITECTURES)
+    allowed = ", ".join(hf.STAGED_ARCHITECTURES)
     archs = raw.get("architectures")
     if archs is not None:
-        if isinstance(archs, list) and len(archs) == 1 and archs[0] in hf.ARCHITECTURES:
+        if isinstance(archs, list) and len(archs) == 1 and archs[0] in hf.STAGED_ARCHITECTURES:
             return str(archs[0])
         raise TrnctlError(f"{config}: architectures {archs!r} is not supported; allowed: {allowed}")
-    by_type = {t: a for a, t in hf.MODEL_TYPES.items()}
+    by_type = {t: a for a, t in hf.MODEL_TYPES.items()} | {hf.BERT_MODEL_TYPE: "BertModel"}
     model_type = raw.get("model_type")
     if isinstance(model_type, str) and model_type in by_type:
         return by_type[model_type]

@@ -267,6 +267,22 @@ def test_model_type_names_the_architecture_without_architectures(model_dir: Path
     assert models.inspect(model_dir).architecture == "Qwen2ForCausalLM"
 
 
+@pytest.mark.parametrize(
+    ("config", "architecture"),
+    [
+        ({"architectures": ["BertForMaskedLM"]}, "BertForMaskedLM"),
+        ({"architectures": ["BertForSequenceClassification"]}, "BertForSequenceClassification"),
+        ({"model_type": "bert"}, "BertModel"),
+    ],
+)
+def test_a_bert_checkpoint_stages_for_classification(
+    model_dir: Path, config: dict[str, Any], architecture: str
+) -> None:
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+    assert models.inspect(model_dir).architecture == architecture
+
+
 def test_a_tokenizer_model_is_a_tokenizer(model_dir: Path) -> None:
     (model_dir / "tokenizer.json").unlink()
     (model_dir / "tokenizer.model").write_bytes(b"sentencepiece")
@@ -325,6 +341,13 @@ def _break(root: Path, case: str) -> None:
         raise AssertionError(case)
 
 
+# What `model stage` takes, as its refusals list them.
+STAGED = (
+    "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+    "BertForSequenceClassification, BertModel, BertForPreTraining, BertForMaskedLM"
+)
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [
@@ -338,19 +361,17 @@ def _break(root: Path, case: str) -> None:
         (
             "unsupported architecture",
             "{root}/config.json: architectures ['GPT2LMHeadModel'] is not supported; allowed: "
-            "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM",
+            + STAGED,
         ),
         (
             "two architectures",
             "{root}/config.json: architectures ['LlamaForCausalLM', 'Qwen2ForCausalLM'] is not "
-            "supported; allowed: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-            "MistralForCausalLM",
+            "supported; allowed: " + STAGED,
         ),
         (
             "unsupported model_type",
             "{root}/config.json: no architectures, and model_type 'gpt2' is not one of llama, "
-            "qwen2, qwen3, mistral; allowed architectures: LlamaForCausalLM, Qwen2ForCausalLM, "
-            "Qwen3ForCausalLM, MistralForCausalLM",
+            "qwen2, qwen3, mistral, bert; allowed architectures: " + STAGED,
         ),
         (
             "no weights",
