@@ -14,8 +14,11 @@ from typing import Any
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizerFast,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -95,6 +98,39 @@ def save_tokenizer(out: Path, vocab_size: int = SHAPE["vocab_size"]) -> Path:
         )
     )
     return out
+
+
+# BERT's special tokens, in the order of its vocab.txt: [PAD] is 0, [CLS] 2, [SEP] 3.
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BERT_SHAPE = {k: v for k, v in SHAPE.items() if k != "num_key_value_heads"}
+
+
+def save_bert_tokenizer(out: Path, vocab_size: int = SHAPE["vocab_size"]) -> Path:
+    """A WordPiece tokenizer as BERT's ([CLS] text [SEP], pad [PAD], no EOS) over BERT's special
+    tokens and "w0" ... up to ``vocab_size`` ids, saved into ``out``."""
+    vocab = {t: i for i, t in enumerate(BERT_SPECIALS)}
+    vocab.update({f"w{i}": len(BERT_SPECIALS) + i for i in range(vocab_size - len(vocab))})
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    specials = dict(zip(("pad", "unk", "cls", "sep", "mask"), BERT_SPECIALS, strict=True))
+    BertTokenizerFast(
+        tokenizer_object=tok, **{f"{k}_token": v for k, v in specials.items()}
+    ).save_pretrained(out)
+    return out
+
+
+def bert_dir(tmp_path: Path, seed: int = 0) -> Path:
+    """A tiny BertForSequenceClassification (two classes, its weights drawn with ``seed`` and
+    shifted by noise) with :func:`save_bert_tokenizer`'s tokenizer, in a new folder."""
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(**BERT_SHAPE, pad_token_id=0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    out = tmp_path / f"bert-{seed}-{len(list(tmp_path.iterdir()))}"
+    model.save_pretrained(out)
+    return save_bert_tokenizer(out, model.config.vocab_size)
 
 
 def model_dir(tmp_path: Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:

@@ -27,21 +27,18 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Llama and 300 labelled documents of three classes (skewed 3:2:1), 10% held out."""
     root = tmp_path_factory.mktemp("classify")
     model = hf_tiny.model_dir(root, "llama")
+    return model, prepare(model, root, SEQ)
+
+
+def prepare(model: Path, root: Path, seq_len: int) -> Path:
+    """300 labelled documents of three classes (skewed 3:2:1) prepared in ``root`` with
+    ``model``'s tokenizer at ``seq_len``, 10% held out."""
     source = write_jsonl(root / "docs.jsonl", documents(300, seed=1, skew=(3, 2, 1)))
     out = root / "data"
-    args = [
-        "prepare-data",
-        "--format",
-        "classify",
-        "--tokenizer",
-        str(model),
-        "--input",
-        str(source),
-    ]
-    assert (
-        cli.main([*args, "--out", str(out), "--seq-len", str(SEQ), "--eval-fraction", "0.1"]) == 0
-    )
-    return model, out
+    args = ["prepare-data", "--format", "classify", "--tokenizer", str(model), "--input"]
+    split = ["--seq-len", str(seq_len), "--eval-fraction", "0.1"]
+    assert cli.main([*args, str(source), "--out", str(out), *split]) == 0
+    return out
 
 
 def _run(model: Path, data: Path, ck: Path, *extra: str) -> list[str]:
@@ -108,14 +105,7 @@ def test_a_lora_classifier_exports_a_peft_adapter(
     assert config["task_type"] == "SEQ_CLS" and config["modules_to_save"] == ["score"]
 
     whole = load_classifier(merged, seq_len=SEQ).eval()
-    names = sorted(WORDS)
-    base = AutoModelForSequenceClassification.from_pretrained(
-        model,
-        id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)},
-        pad_token_id=1,
-    )
-    peft = PeftModel.from_pretrained(base, adapter).eval()
+    peft = peft_classifier(model, adapter, pad_token_id=1)
     rows = torch.randint(2, 256, (3, SEQ), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = whole.scores(rows)
@@ -128,6 +118,19 @@ def test_a_lora_classifier_exports_a_peft_adapter(
         assert cli.main(["eval", *source, "--data", str(data), "--seq-len", str(SEQ)]) == 0
         figures.append(json.loads(capsys.readouterr().out))
     assert figures[1] == pytest.approx(figures[0], rel=1e-5)
+
+
+def peft_classifier(base: Path, adapter: Path, **config: object) -> PeftModel:
+    """PEFT's classifier of ``adapter`` on transformers' ``*ForSequenceClassification`` of
+    ``base`` with the synthetic task's classes (``config`` on top), in eval mode."""
+    names = sorted(WORDS)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        base,
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+        **config,
+    )
+    return PeftModel.from_pretrained(model, adapter).eval()
 
 
 def test_a_resumed_classification_run_is_exact(task: tuple[Path, Path], tmp_path: Path) -> None:

@@ -332,8 +332,9 @@ def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
     run.add_argument(
         "--lora-targets",
         default=d.lora_targets,
-        help="comma list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; "
-        "default: all of them",
+        help="comma list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+        "(on BERT: its projections that do the same work, docs/classification.md); default: "
+        "all of them",
     )
     run.add_argument(
         "--seq-len",
@@ -357,8 +358,9 @@ def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         "--task",
         choices=TASKS,
         default=d.task,
-        help="causal-lm (default): next-token prediction; classify: a score head on --model's "
-        "decoder, data of prepare-data --format classify (docs/classification.md)",
+        help="causal-lm (default): next-token prediction; classify: a classifier on --model "
+        "(a decoder with a score head, or a BERT encoder), data of prepare-data --format "
+        "classify (docs/classification.md)",
     )
     run.add_argument(
         "--class-weights",

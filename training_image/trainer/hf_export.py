@@ -125,6 +125,7 @@ def save_adapter(
     dtype: str = "auto",
     task_type: str = "CAUSAL_LM",
     modules_to_save: Mapping[str, torch.Tensor] | None = None,
+    layout: lora.Layout | None = None,
 ) -> list[str]:
     """Writes the adapters in ``state`` as a PEFT adapter directory ``out`` (created; it must
     not exist or be empty): ``adapter_model.safetensors`` in PEFT's tensor names and
@@ -132,7 +133,11 @@ def save_adapter(
     recorded as ``base_model_name_or_path``). ``modules_to_save`` (default none): whole modules
     trained beside the adapters, as PEFT saves them (``base_model.model.<module>.weight``, the
     adapter name left out: ``get_peft_model_state_dict`` in ``peft/utils/save_and_load.py`` at
-    0.21.2), their modules listed in the config's ``modules_to_save``. ``dtype`` as
+    0.21.2), their modules listed in the config's ``modules_to_save``. ``layout`` (default:
+    the decoder of ``raw_config``): the adapters of another model (BERT's,
+    :func:`trainer.classify.encoder.lora_layout`), whose ``target_modules`` are then the full
+    paths of the adapted modules (PEFT matches a listed name exactly or as a ``.``-suffix, and
+    BERT's ``output.dense`` is a suffix of ``attention.output.dense``). ``dtype`` as
     :func:`export_dtype`. Returns the names of the files written.
 
     Raises:
@@ -142,9 +147,9 @@ def save_adapter(
     name = export_dtype(raw_config, dtype)
     if name not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; allowed: auto, {', '.join(DTYPES)}")
-    cfg = hf_config.parse_config(raw_config, seq_len=1)
+    on = hf_config.parse_config(raw_config, seq_len=1) if layout is None else layout
     tensors = {}
-    for ours, theirs in lora.peft_names(cfg, spec).items():
+    for ours, theirs in lora.peft_names(on, spec).items():
         if ours not in state:
             raise ValueError(f"the checkpoint's model state lacks the adapter {ours}")
         tensors[theirs] = state[ours].to(dtype=DTYPES[name], copy=True).contiguous()
@@ -154,16 +159,25 @@ def save_adapter(
     root = check_empty_out(out)
     root.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(root / lora.ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    config = _peft_config(spec, base_model, task_type, saved)
+    targets = (
+        list(spec.targets)
+        if layout is None
+        else sorted(path for parts in layout.values() for path, t, _ in parts if t in spec.targets)
+    )
+    config = _peft_config(spec, base_model, task_type, saved, targets)
     (root / lora.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return [lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG]
 
 
 def _peft_config(
-    spec: lora.LoraSpec, base_model: str, task_type: str, saved: Mapping[str, torch.Tensor]
+    spec: lora.LoraSpec,
+    base_model: str,
+    task_type: str,
+    saved: Mapping[str, torch.Tensor],
+    targets: list[str],
 ) -> dict[str, object]:
-    """``adapter_config.json`` of :func:`save_adapter`: PEFT's LoraConfig fields for ``spec``,
-    ``saved`` whole modules named in ``modules_to_save``."""
+    """``adapter_config.json`` of :func:`save_adapter`: PEFT's LoraConfig fields for ``spec``
+    on the modules ``targets``, ``saved`` whole modules named in ``modules_to_save``."""
     alpha: float | int = int(spec.alpha) if spec.alpha.is_integer() else spec.alpha
     return {
         "peft_type": "LORA",
@@ -171,7 +185,7 @@ def _peft_config(
         "base_model_name_or_path": base_model,
         "r": spec.rank,
         "lora_alpha": alpha,
-        "target_modules": list(spec.targets),
+        "target_modules": targets,
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": False,
@@ -322,9 +336,19 @@ def base_model_name(raw_config: Mapping[str, Any], base_dir: str, base_model_id:
 def _base_weights(
     checkpointer: Checkpointer, name: str, base: str, cfg: ModelConfig
 ) -> dict[str, torch.Tensor]:
-    """The base weights a LoRA checkpoint's adapters merge into: its checkpoint holds the
-    adapters only, so they are read from the base model directory it recorded, which must
-    still hold the model it was trained on (the same :func:`trainer.hf.fingerprint`).
+    """The base weights a LoRA checkpoint's adapters merge into, read from the base model
+    directory it recorded (see :func:`checked_base`).
+
+    Raises:
+        CheckpointError: see :func:`checked_base`.
+    """
+    return hf.read_weights(checked_base(checkpointer, name, base), cfg)
+
+
+def checked_base(checkpointer: Checkpointer, name: str, base: str) -> str:
+    """``base``, the base model directory a LoRA checkpoint recorded, checked: its checkpoint
+    holds the adapters only, so the base weights are read from there, which must still hold
+    the model it was trained on (the same :func:`trainer.hf.fingerprint`).
 
     Raises:
         CheckpointError: the directory is missing or holds another model.
@@ -342,7 +366,7 @@ def _base_weights(
             f"--merge-lora: base model {base} has fingerprint {found}, but checkpoint {name} "
             f"was trained on {recorded}: the adapters only fit the base they were trained on"
         )
-    return hf.read_weights(base, cfg)
+    return base
 
 
 def _copy_carried(

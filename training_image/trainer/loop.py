@@ -40,8 +40,10 @@ import torch.distributed as dist
 
 from trainer import causal_lm, device, emf, hf, lora, model_spec, optim, parallel, tokenizing
 from trainer.checkpoint import Checkpointer, name_for, open_store, resume_newest, run_config
+from trainer.classify import encoder
 from trainer.classify import task as classify
 from trainer.classify.evaluate import is_classification_data
+from trainer.classify.model import ScoredForward
 from trainer.config import ModelConfig, TrainConfig
 from trainer.data import Dataset, ShardError, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
@@ -121,9 +123,10 @@ def _num_params(model: ModelConfig) -> int:
         return GPT(model).num_params()
 
 
-def _new_model(config: ModelConfig, task: Task | None) -> GPT:
+def _new_model(config: ModelConfig, task: Task | None) -> torch.nn.Module:
     """The task's model of ``config``, its weights drawn (none on the meta device): the
-    decoder, or a classifier (:class:`~trainer.classify.model.SequenceClassifier`)."""
+    decoder, or a classifier (:class:`~trainer.classify.model.SequenceClassifier`, or
+    :class:`~trainer.classify.encoder.BertClassifier` on a BERT encoder)."""
     if isinstance(task, classify.Classify):
         return task.new_model(config)
     return GPT(config)
@@ -132,16 +135,16 @@ def _new_model(config: ModelConfig, task: Task | None) -> GPT:
 def flops_per_token(spec: ModelSpec, task: Task | None = None) -> float:
     """Training FLOPs per token of ``spec``'s model (see
     :func:`trainer.metrics.train_flops_per_token`), counted on a model on the meta device with
-    the run's LoRA adapters: the embedding lookups
-    (learned positions, and the input embedding unless it is the tied output head) are not
-    matrix products; a LoRA run trains the adapters only."""
+    the run's LoRA adapters: the embedding lookups (learned positions, token types, and the
+    input embedding unless it is the tied output head) are not matrix products; a LoRA run
+    trains the adapters only."""
     with torch.device("meta"):
         gpt = _new_model(spec.config, task)
         if spec.lora is not None:
-            lora.apply(gpt, spec.config, spec.lora)
-    lookups = {id(gpt.pos.weight)} if gpt.pos is not None else set()
-    if not gpt.cfg.tie_embeddings:  # a classifier never ties (its head is the score)
-        lookups.add(id(gpt.tok.weight))
+            _adapters_on(gpt, spec)
+    modules = list(gpt.modules())
+    tables = {id(m.weight) for m in modules if isinstance(m, torch.nn.Embedding)}
+    lookups = tables - {id(m.weight) for m in modules if isinstance(m, torch.nn.Linear)}
     products = [p for p in gpt.parameters() if id(p) not in lookups]
     return train_flops_per_token(
         matmul_params=sum(p.numel() for p in products),
@@ -160,14 +163,15 @@ def _fsdp_sharded(cfg: TrainConfig, ranks: parallel.Ranks, backend: device.Backe
 
 def _initial_model(
     cfg: TrainConfig, spec: ModelSpec, backend: device.Backend, task: Task | None
-) -> GPT:
+) -> torch.nn.Module:
     """The model as training starts: ``cfg.model_dir``'s weights or the preset's random ones
     (drawn with ``cfg.seed``), a classification task's head drawn after them, with LoRA
     adapters when ``spec.lora`` asks (drawn after) and its frozen weights in the backend's
     :meth:`~trainer.device.Backend.frozen_dtype`."""
     torch.manual_seed(cfg.seed)
+    gpt: torch.nn.Module
     if isinstance(task, classify.Classify):
-        gpt: GPT = task.pretrained(cfg.model_dir, spec.config)
+        gpt = task.pretrained(cfg.model_dir, spec.config)
     elif cfg.model_dir:
         gpt = hf.load_pretrained(cfg.model_dir, spec.config)
     else:
@@ -177,14 +181,23 @@ def _initial_model(
     return gpt
 
 
-def _with_adapters(gpt: GPT, spec: ModelSpec, backend: device.Backend) -> None:
-    """``spec.lora``'s adapters on ``gpt`` (the optimizer then sees them and a classifier's
-    score head only) and the frozen weights cast to the backend's
-    :meth:`~trainer.device.Backend.frozen_dtype`."""
+def _adapters_on(gpt: torch.nn.Module, spec: ModelSpec) -> None:
+    """``spec.lora``'s adapters on ``gpt``, every other weight frozen but a classifier's head
+    (see :meth:`~trainer.classify.model.ScoredForward.head_parameters`): it is new, so it is
+    always trained."""
     assert spec.lora is not None
-    lora.apply(gpt, spec.config, spec.lora)
-    if gpt.head.out_features != spec.config.vocab_size:
-        gpt.head.weight.requires_grad_(True)  # a classifier's head is new: always trained
+    on = encoder.lora_layout(gpt.cfg) if isinstance(gpt, encoder.BertClassifier) else spec.config
+    lora.apply(gpt, on, spec.lora)
+    if isinstance(gpt, ScoredForward):
+        for p in gpt.head_parameters():
+            p.requires_grad_(True)
+
+
+def _with_adapters(gpt: torch.nn.Module, spec: ModelSpec, backend: device.Backend) -> None:
+    """``spec.lora``'s adapters on ``gpt`` (:func:`_adapters_on`: the optimizer then sees them
+    and a classifier's head only) and the frozen weights cast to the backend's
+    :meth:`~trainer.device.Backend.frozen_dtype`."""
+    _adapters_on(gpt, spec)
     dtype = backend.frozen_dtype()
     if dtype is not None:
         lora.cast_frozen(gpt, dtype)
@@ -236,7 +249,8 @@ def build_model(
     )
     del full
     with torch.device(backend.device):
-        gpt.init_rope()
+        if isinstance(gpt, GPT):
+            gpt.init_rope()
         if isinstance(task, classify.Classify):
             task.set_class_weights(gpt)
     return model, forward

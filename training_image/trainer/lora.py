@@ -144,9 +144,19 @@ class LoraLinear(nn.Module):
         return updated[0] if len(updated) == 1 else torch.cat(updated, dim=-1)
 
 
+# Where a model's adapters go: each of our linear layers that holds a possible target (its path
+# in our model) and its parts, in row order, as (Hugging Face module path, target name, rows).
+Layout = Mapping[str, tuple[tuple[str, str, int], ...]]
+
+
+def _layout(on: ModelConfig | Layout) -> Layout:
+    """The :data:`Layout` of the decoder of a :class:`ModelConfig` (:func:`_modules`), or
+    ``on`` itself."""
+    return _modules(on) if isinstance(on, ModelConfig) else on
+
+
 def _modules(cfg: ModelConfig) -> dict[str, tuple[tuple[str, str, int], ...]]:
-    """Each of our linear layers that holds a possible target: its parts as (Hugging Face
-    module path, target name, rows), from :func:`trainer.hf_llama.names`."""
+    """The decoder's :data:`Layout`, from :func:`trainer.hf_llama.names`."""
     modules = {}
     for ours, parts in hf_llama.names(cfg).items():
         paths = [hf_name.removesuffix(".weight") for hf_name, _ in parts]
@@ -178,13 +188,15 @@ def cast_frozen(model: nn.Module, dtype: torch.dtype) -> int:
     return cast
 
 
-def apply(model: nn.Module, cfg: ModelConfig, lora: LoraSpec) -> nn.Module:
-    """Freezes every parameter of ``model`` and replaces each linear layer holding a target of
-    ``lora`` by a :class:`LoraLinear` (adapters drawn from torch's global generator). Returns
-    ``model``."""
+def apply(model: nn.Module, on: ModelConfig | Layout, lora: LoraSpec) -> nn.Module:
+    """Freezes every parameter of ``model`` (the decoder of the config ``on``, or a model whose
+    linear layers the :data:`Layout` ``on`` names: BERT's,
+    :func:`trainer.classify.encoder.lora_layout`) and replaces each linear layer holding a
+    target of ``lora`` by a :class:`LoraLinear` (adapters drawn from torch's global generator).
+    Returns ``model``."""
     for p in model.parameters():
         p.requires_grad_(False)
-    for path, parts in _modules(cfg).items():
+    for path, parts in _layout(on).items():
         if not any(target in lora.targets for _, target, _ in parts):
             continue
         parent_path, _, attr = path.rpartition(".")
@@ -194,11 +206,11 @@ def apply(model: nn.Module, cfg: ModelConfig, lora: LoraSpec) -> nn.Module:
     return model
 
 
-def peft_names(cfg: ModelConfig, lora: LoraSpec) -> dict[str, str]:
+def peft_names(on: ModelConfig | Layout, lora: LoraSpec) -> dict[str, str]:
     """Our adapter tensors' names to the names PEFT saves them under
-    (``base_model.model.<module>.lora_A.weight``)."""
+    (``base_model.model.<module>.lora_A.weight``), on the model of ``on`` (see :func:`apply`)."""
     names = {}
-    for path, parts in _modules(cfg).items():
+    for path, parts in _layout(on).items():
         for hf_path, target, _ in parts:
             if target in lora.targets:
                 for kind in ("lora_A", "lora_B"):
@@ -207,12 +219,13 @@ def peft_names(cfg: ModelConfig, lora: LoraSpec) -> dict[str, str]:
 
 
 def merged(
-    state: Mapping[str, torch.Tensor], cfg: ModelConfig, lora: LoraSpec
+    state: Mapping[str, torch.Tensor], on: ModelConfig | Layout, lora: LoraSpec
 ) -> dict[str, torch.Tensor]:
     """``state`` with each adapter merged into its rows of the fused weight
-    (``W + scaling * B @ A``, in FP32) and the adapter tensors left out."""
+    (``W + scaling * B @ A``, in FP32) and the adapter tensors left out, on the model of ``on``
+    (see :func:`apply`)."""
     out = {k: v for k, v in state.items() if ".lora_" not in k}
-    for path, parts in _modules(cfg).items():
+    for path, parts in _layout(on).items():
         if not any(target in lora.targets for _, target, _ in parts):
             continue
         pieces = list(torch.split(out[f"{path}.weight"].float(), [rows for _, _, rows in parts]))

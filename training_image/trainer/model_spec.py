@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainer import hf_config, lora
+from trainer.classify import encoder
 from trainer.config import ModelConfig, TrainConfig, preset
 
 
@@ -25,7 +26,8 @@ class ModelSpec:
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """``cfg.preset``'s model (at ``cfg.seq_len`` when set), or the one ``cfg.model_dir``'s
-    ``config.json`` describes (see :func:`trainer.hf_config.model_config`).
+    ``config.json`` describes (see :func:`trainer.hf_config.model_config`); of a BERT encoder
+    for ``--task classify``, its shape (:func:`trainer.classify.encoder.shape`).
 
     Raises:
         ValueError: an unknown preset.
@@ -33,6 +35,13 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
             this trainer does not implement.
     """
     if cfg.model_dir:
+        bert = (
+            encoder.config_of(cfg.model_dir, seq_len=cfg.seq_len)
+            if cfg.task == "classify"
+            else None
+        )
+        if bert is not None:
+            return encoder.shape(bert)
         return hf_config.model_config(cfg.model_dir, seq_len=cfg.seq_len or None)
     model = preset(cfg.preset).model
     return dataclasses.replace(model, seq_len=cfg.seq_len) if cfg.seq_len else model

@@ -50,8 +50,8 @@ _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 # The files of a model directory that make its tokenizer, in the formats transformers reads
-# (the fast tokenizer, its config and special tokens, SentencePiece and BPE vocabularies, the
-# chat template): their bytes are the tokenizer's identity.
+# (the fast tokenizer, its config and special tokens, SentencePiece, BPE and WordPiece (BERT's
+# vocab.txt) vocabularies, the chat template): their bytes are the tokenizer's identity.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -62,6 +62,7 @@ TOKENIZER_FILES = (
     "merges.txt",
     "chat_template.jinja",
     "chat_template.json",
+    "vocab.txt",
 )
 
 
@@ -126,12 +127,16 @@ class Document:
 
 class HfTokenizer:
     """A model directory's tokenizer: ids, EOS, vocabulary size and an identity for manifests.
+    ``needs_eos`` (default True): documents are separated by EOS, so the tokenizer must have
+    one; classification (one document a row) reads no EOS, and an encoder's tokenizer (BERT's)
+    has none, so its :attr:`eos_id` may be None.
 
     Raises:
-        InputError: the directory holds no loadable tokenizer, or the tokenizer has no EOS token.
+        InputError: the directory holds no loadable tokenizer, or the tokenizer has no EOS token
+            and ``needs_eos``.
     """
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, needs_eos: bool = True) -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
             raise InputError(f"--tokenizer {str(directory)!r} is not a directory")
@@ -145,12 +150,13 @@ class HfTokenizer:
             raise InputError(
                 f"--tokenizer {str(directory)!r}: no tokenizer loads from it ({error})"
             ) from error
-        if self.tok.eos_token_id is None:
+        eos = self.tok.eos_token_id
+        if eos is None and needs_eos:
             raise InputError(
                 f"--tokenizer {str(directory)!r} has no EOS token (eos_token in "
                 "tokenizer_config.json); documents are separated by it"
             )
-        self.eos_id = int(self.tok.eos_token_id)
+        self.eos_id: int | None = None if eos is None else int(eos)
         self.vocab_size = len(self.tok)
         # Conversations of which only the last assistant turn was found (see :meth:`chat`).
         self.last_turn_only = 0
@@ -167,9 +173,15 @@ class HfTokenizer:
             "special_tokens": dict(self.tok.special_tokens_map),
         }
 
+    @property
+    def eos(self) -> int:
+        """The EOS id, which a tokenizer opened with ``needs_eos`` (the default) has."""
+        assert self.eos_id is not None, "a tokenizer opened with needs_eos=False has no EOS"
+        return self.eos_id
+
     def text(self, text: str) -> Document:
         ids = self.tok(text)["input_ids"]
-        return Document(np.asarray([*ids, self.eos_id], dtype=np.int64))
+        return Document(np.asarray([*ids, self.eos], dtype=np.int64))
 
     def chat(self, messages: list[dict[str, str]], where: str) -> Document:
         """The conversation rendered with the chat template, its assistant turns trained: as
@@ -191,8 +203,8 @@ class HfTokenizer:
             ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
         else:
             ids, mask = self._masked(*self._turns(messages, where))
-        if not ids or ids[-1] != self.eos_id:
-            ids, mask = [*ids, self.eos_id], [*mask, 0]
+        if not ids or ids[-1] != self.eos:
+            ids, mask = [*ids, self.eos], [*mask, 0]
         return Document(np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.uint8))
 
     def _render(self, messages: Sequence[dict[str, Any]], prompt: bool) -> str:

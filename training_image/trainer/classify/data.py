@@ -267,7 +267,8 @@ def prepare(
             "classifier needs at least two"
         )
     ids = {name: i for i, name in enumerate(names)}
-    tokenizer = tokenizing.HfTokenizer(tokenizer_dir)
+    tokenizer = tokenizing.HfTokenizer(tokenizer_dir, needs_eos=False)
+    pad_token_id(tokenizer)  # before any work: a tokenizer that cannot pad fails here
     seq_len = seq_len or tokenizing.default_seq_len(tokenizer_dir)
     examples = _tokenize(tokenizer, records, ids)
     if eval_input is None:
@@ -282,9 +283,20 @@ def prepare(
 
 def pad_token_id(tokenizer: tokenizing.HfTokenizer) -> int:
     """The id rows are padded with: the tokenizer's pad token, else its EOS (as fine-tuning
-    recipes set ``tokenizer.pad_token = tokenizer.eos_token`` for decoders without one)."""
+    recipes set ``tokenizer.pad_token = tokenizer.eos_token`` for decoders without one).
+
+    Raises:
+        tokenizing.InputError: the tokenizer has neither.
+    """
     pad = tokenizer.tok.pad_token_id
-    return tokenizer.eos_id if pad is None else int(pad)
+    if pad is not None:
+        return int(pad)
+    if tokenizer.eos_id is None:
+        raise tokenizing.InputError(
+            f"--tokenizer {tokenizer.directory} has neither a pad nor an EOS token "
+            "(pad_token, eos_token in tokenizer_config.json): rows are padded with one"
+        )
+    return tokenizer.eos_id
 
 
 def _write(

@@ -25,14 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer import hf, hf_config
-from trainer.classify.model import INIT_STD, HeadSpec, head_of, loss_sum
+from trainer import hf, hf_config, lora
+from trainer.classify.model import INIT_STD, HeadSpec, ScoredForward, head_of
+from trainer.config import MODEL_SEQ_LEN, ModelConfig
+from trn_catalog import hf_models
 
-MODEL_TYPE = "bert"
+MODEL_TYPE = hf_models.BERT_MODEL_TYPE
 CLASSIFIER = "BertForSequenceClassification"
 # Checkpoints whose weights hold a BERT encoder under "bert." (a classifier, pre-training and
 # masked-LM checkpoints) or at the top level (BertModel).
-BASES = (CLASSIFIER, "BertModel", "BertForPreTraining", "BertForMaskedLM")
+BASES = hf_models.BERT_ARCHITECTURES
 # BertConfig's defaults (configuration_bert.py at 5.23.0) for the fields read here.
 DEFAULTS: Mapping[str, Any] = {
     "vocab_size": 30522,
@@ -46,6 +48,23 @@ DEFAULTS: Mapping[str, Any] = {
     "layer_norm_eps": 1e-12,
     "is_decoder": False,
 }
+
+
+# The decoder's LoRA target names (--lora-targets) on the linear layers of each BERT layer, as
+# they do the same work; BERT has no gate_proj (its feed-forward is one GELU up projection and
+# one down projection), so that target adapts nothing here.
+LORA_MODULES: Mapping[str, str] = {
+    "q_proj": "attention.self.query",
+    "k_proj": "attention.self.key",
+    "v_proj": "attention.self.value",
+    "o_proj": "attention.output.dense",
+    "up_proj": "intermediate.dense",
+    "down_proj": "output.dense",
+}
+
+
+# The modules of BERT's classification head: the pooler and the classifier (both with biases).
+HEAD_MODULES = ("bert.pooler.dense", "classifier")
 
 
 @dataclass(frozen=True)
@@ -74,7 +93,8 @@ def is_bert(raw: Mapping[str, Any]) -> bool:
 def parse_config(
     raw: Mapping[str, Any], *, seq_len: int | None = None, source: str | Path = hf_config.CONFIG
 ) -> BertConfig:
-    """The :class:`BertConfig` of a BERT ``config.json``; ``seq_len`` None takes
+    """The :class:`BertConfig` of a BERT ``config.json``; ``seq_len`` None takes what ``run
+    --model`` takes of a decoder: :data:`trainer.config.MODEL_SEQ_LEN` capped at
     ``max_position_embeddings``.
 
     Raises:
@@ -112,13 +132,56 @@ def parse_config(
             f"{source}: hidden_size {sizes['hidden_size']} must be a multiple of "
             f"num_attention_heads {sizes['num_attention_heads']}"
         )
-    length = sizes["max_position_embeddings"] if seq_len is None else seq_len
-    if not 1 <= length <= sizes["max_position_embeddings"]:
+    limit = sizes["max_position_embeddings"]
+    length = min(MODEL_SEQ_LEN, limit) if seq_len is None else seq_len
+    if not 1 <= length <= limit:
         raise hf_config.HFConfigError(
-            f"{source}: seq_len {length} must be between 1 and max_position_embeddings "
-            f"{sizes['max_position_embeddings']}"
+            f"{source}: seq_len {length} must be between 1 and max_position_embeddings {limit}"
         )
     return BertConfig(**sizes, layer_norm_eps=float(get("layer_norm_eps")), seq_len=length)
+
+
+def config_of(model_dir: str | Path, *, seq_len: int = 0) -> BertConfig | None:
+    """The :class:`BertConfig` of ``model_dir`` at ``seq_len`` (0: see :func:`parse_config`),
+    or None when it holds another model.
+
+    Raises:
+        hf_config.HFConfigError: no readable ``config.json``; see :func:`parse_config`.
+    """
+    raw = hf_config.read_config(model_dir)
+    if not is_bert(raw):
+        return None
+    return parse_config(raw, seq_len=seq_len or None, source=Path(model_dir) / hf_config.CONFIG)
+
+
+def shape(cfg: BertConfig) -> ModelConfig:
+    """The training loop's view of the encoder's shape (layers, heads, width, feed-forward,
+    vocabulary, sequence length), as the GPT-2-style decoder of the same shape without an
+    output head of its own: what the run config records and what the loop's parameter count
+    (for its memory plan) and attention FLOPs read. That decoder has BERT's parameters but for
+    the pooler, the token-type table and the positions beyond ``seq_len`` (about 0.5% of
+    BERT-base at 512); the model the run trains is :class:`BertClassifier`."""
+    return ModelConfig(
+        n_layer=cfg.num_hidden_layers,
+        n_head=cfg.num_attention_heads,
+        d_model=cfg.hidden_size,
+        seq_len=cfg.seq_len,
+        vocab_size=cfg.vocab_size,
+        d_ff=cfg.intermediate_size,
+        norm_eps=cfg.layer_norm_eps,
+    )
+
+
+def lora_layout(cfg: BertConfig) -> lora.Layout:
+    """Where LoRA adapters go on BERT (see :data:`LORA_MODULES`): each layer's targeted linear
+    layers, whose paths are transformers' too (our parameter names are BERT's)."""
+    layout = {}
+    for i in range(cfg.num_hidden_layers):
+        for target, module in LORA_MODULES.items():
+            path = f"bert.encoder.layer.{i}.{module}"
+            rows = cfg.intermediate_size if target == "up_proj" else cfg.hidden_size
+            layout[path] = ((path, target, rows),)
+    return layout
 
 
 class _Embeddings(nn.Module):
@@ -216,7 +279,7 @@ class _Bert(nn.Module):
         self.pooler = _Pooler(cfg)
 
 
-class BertClassifier(nn.Module):
+class BertClassifier(ScoredForward, nn.Module):
     """BERT with a classifier of ``head.num_labels`` outputs; ``forward(idx, labels, rows)``
     and ``forward(idx)`` as :class:`trainer.classify.model.SequenceClassifier`'s."""
 
@@ -243,6 +306,12 @@ class BertClassifier(nn.Module):
             x = layer(x, mask)
         return x
 
+    def head_parameters(self) -> list[torch.Tensor]:
+        """The pooler's and the classifier's weights and biases (a LoRA run trains both: the
+        pooler is new where the checkpoint had none, and PEFT keeps it with the classifier,
+        see :mod:`trainer.classify.export`)."""
+        return [*self.bert.pooler.parameters(), *self.classifier.parameters()]
+
     def scores(self, idx: torch.Tensor) -> torch.Tensor:
         """FP32 ``(batch, classes)`` logits."""
         first = self.hidden(idx)[:, 0]
@@ -250,22 +319,6 @@ class BertClassifier(nn.Module):
             pooler = self.bert.pooler.dense
             pooled = torch.tanh(F.linear(first.float(), pooler.weight.float(), pooler.bias.float()))
             return F.linear(pooled, self.classifier.weight.float(), self.classifier.bias.float())
-
-    def forward(
-        self,
-        idx: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if labels is None or rows is None:
-            return self.scores(idx)
-        return loss_sum(
-            self.scores(idx),
-            labels,
-            rows,
-            multi_label=self.spec.multi_label,
-            class_weights=self.class_weights,
-        )
 
 
 def _init(module: nn.Module) -> None:
@@ -329,5 +382,15 @@ def load(
     if found != expected:
         wrong = sorted(set(found.items()) ^ set(expected.items()))[:5]
         raise hf.HFWeightsError(f"{model_dir}: weights do not fit its config.json: {wrong}")
-    model.load_state_dict(state, assign=True)
+    return from_state(cfg, head, state)
+
+
+def from_state(
+    cfg: BertConfig, head: HeadSpec, state: Mapping[str, torch.Tensor]
+) -> BertClassifier:
+    """A BERT classifier of ``cfg`` and ``head`` holding ``state`` (built on the meta device,
+    then assigned)."""
+    with torch.device("meta"):
+        model = BertClassifier(cfg, head)
+    model.load_state_dict(dict(state), assign=True)
     return model

@@ -22,10 +22,11 @@ import torch
 
 from trainer import data, device, hf_config, hf_export, lora, tokenizing
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
+from trainer.classify import encoder
 from trainer.classify.data import ClassifySampler, Labels, open_labels
 from trainer.classify.load import Classifier, load_classifier
 from trainer.classify.metrics import Tally
-from trainer.classify.model import SequenceClassifier, classifier_head, from_state, loss_sum
+from trainer.classify.model import classifier_head, from_state, loss_sum
 
 SPLITS = ("eval", "train")
 DEFAULT_MICRO_BATCH = 8
@@ -138,11 +139,11 @@ def run(
     return evaluate(model.scores, sampler, labels, backend.device).result()
 
 
-def model_from_checkpoint(checkpoint_dir: str, seq_len: int) -> SequenceClassifier:
+def model_from_checkpoint(checkpoint_dir: str, seq_len: int) -> Classifier:
     """The classifier of the newest valid checkpoint of a ``--task classify`` run in
     ``checkpoint_dir`` (a path or ``s3://`` URI) at ``seq_len`` (0: the run's); a LoRA run's
     adapters and head on the base model directory it recorded (checked as ``trn-train export
-    --merge-lora`` checks it).
+    --merge-lora`` checks it; a BERT run's adapters merged into it).
 
     Raises:
         CheckpointError: no valid checkpoint, one not of a classification run, or a LoRA
@@ -163,8 +164,10 @@ def model_from_checkpoint(checkpoint_dir: str, seq_len: int) -> SequenceClassifi
         with checkpointer.model_file(name, hf_config.CONFIG) as path:
             raw = json.loads(path.read_text())
         length = seq_len or run.get("seq_len")
-        cfg = hf_config.parse_config(raw, seq_len=length if isinstance(length, int) else None)
         state = checkpointer.load(name, verify=False, parts=("model",))["model"]
+        if encoder.is_bert(raw):
+            return _bert(checkpointer, name, raw, state, length if isinstance(length, int) else 0)
+        cfg = hf_config.parse_config(raw, seq_len=length if isinstance(length, int) else None)
         adapter = run.get("lora")
         if not isinstance(adapter, dict):
             return from_state(cfg, head, state)
@@ -175,6 +178,29 @@ def model_from_checkpoint(checkpoint_dir: str, seq_len: int) -> SequenceClassifi
         return model
     finally:
         checkpointer.store.drop_local_copies()
+
+
+def _bert(
+    checkpointer: Checkpointer,
+    name: str,
+    raw: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    seq_len: int,
+) -> encoder.BertClassifier:
+    """The BERT classifier of checkpoint ``name`` (its ``config.json`` ``raw`` and model
+    ``state``) at ``seq_len`` (0: see :func:`trainer.classify.encoder.parse_config`), a LoRA
+    run's adapters merged into its base weights."""
+    run = checkpointer.run_of(name) or {}
+    head = classifier_head(run)
+    assert head is not None, "model_from_checkpoint checks the run's classes first"
+    cfg = encoder.parse_config(raw, seq_len=seq_len or None)
+    adapter = run.get("lora")
+    if isinstance(adapter, dict):
+        base = hf_export.checked_base(checkpointer, name, checkpointer.base_model_of(name))
+        layout = encoder.lora_layout(cfg)
+        spec = lora.LoraSpec.from_dict(adapter)
+        state = lora.merged({**encoder.read_state(base), **state}, layout, spec)
+    return encoder.from_state(cfg, head, state)
 
 
 def _texts(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
@@ -220,7 +246,7 @@ def predict(
     if micro_batch < 1:
         raise ValueError(f"--micro-batch must be >= 1, got {micro_batch}")
     model = load_classifier(model_dir, seq_len=seq_len)
-    tokenizer = tokenizing.HfTokenizer(model_dir)
+    tokenizer = tokenizing.HfTokenizer(model_dir, needs_eos=False)
     backend = device.resolve(device_name, compile_backend="none").start()
     model = model.to(backend.device).eval()
     records = list(_texts(Path(input_path)))

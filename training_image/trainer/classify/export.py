@@ -119,25 +119,56 @@ def save_adapter(
     ``AutoModelForSequenceClassification`` of a config with this head's fields (see
     :func:`classifier_config`). Returns the files written.
 
+    Of BERT (``raw_config`` BERT's): its pooler and classifier, as
+    ``base_model.model.bert.pooler.dense.*`` and ``base_model.model.classifier.*`` in
+    ``modules_to_save``, onto ``BertForSequenceClassification``.
+
     Raises:
         ValueError: ``state`` lacks the score head or an adapter; see
             :func:`trainer.hf_export.save_adapter`.
     """
-    if "head.weight" not in state:
-        raise ValueError("the model state lacks the score head (head.weight)")
-    score = state["head.weight"]
-    if score.shape[0] != head.num_labels:
-        raise ValueError(f"the score head has {score.shape[0]} rows for {head.num_labels} classes")
+    if encoder.is_bert(raw_config):
+        config: Mapping[str, Any] = raw_config
+        layout = encoder.lora_layout(encoder.parse_config(raw_config, seq_len=1))
+        saved = _bert_head(state, head)
+    else:
+        config, layout = causal_config(raw_config), None
+        saved = {lora.PEFT_PREFIX + SCORE: _score(state, head)}
     return hf_export.save_adapter(
         state,
-        causal_config(raw_config),
+        config,
         spec,
         out,
         base_model=base_model,
         dtype=dtype,
         task_type=SEQ_CLS_TASK,
-        modules_to_save={lora.PEFT_PREFIX + SCORE: score},
+        modules_to_save=saved,
+        layout=layout,
     )
+
+
+def _score(state: Mapping[str, torch.Tensor], head: HeadSpec) -> torch.Tensor:
+    """A decoder classifier's score head in ``state``, checked against ``head``."""
+    if "head.weight" not in state:
+        raise ValueError("the model state lacks the score head (head.weight)")
+    score = state["head.weight"]
+    if score.shape[0] != head.num_labels:
+        raise ValueError(f"the score head has {score.shape[0]} rows for {head.num_labels} classes")
+    return score
+
+
+def _bert_head(state: Mapping[str, torch.Tensor], head: HeadSpec) -> dict[str, torch.Tensor]:
+    """A BERT classifier's pooler and classifier in ``state``, checked against ``head``, under
+    the names PEFT saves them."""
+    names = {f"{p}.{kind}" for p in encoder.HEAD_MODULES for kind in ("weight", "bias")}
+    if not names <= set(state):
+        raise ValueError(
+            f"the model state lacks the head ({', '.join(sorted(names - set(state)))})"
+        )
+    rows = state["classifier.weight"].shape[0]
+    if rows != head.num_labels:
+        raise ValueError(f"the classifier has {rows} rows for {head.num_labels} classes")
+    return {lora.PEFT_PREFIX + n: state[n] for n in sorted(names)}
 
 
 def write_checkpoint(
@@ -171,9 +202,31 @@ def write_checkpoint(
             return save_adapter(
                 state, raw, spec, head, out, base_model=base_name, dtype=options.dtype
             )
-        cfg = hf_config.parse_config(raw, seq_len=1)
-        base_state = hf_export._base_weights(checkpointer, name, base, cfg)
-        state = lora.merged({**base_state, **state}, cfg, spec)
+        state = _merged(checkpointer, name, raw, state, spec)
     return save_classifier(
         state, raw, head, out, dtype=options.dtype, max_shard_bytes=options.max_shard_bytes
+    )
+
+
+def _merged(
+    checkpointer: Checkpointer,
+    name: str,
+    raw: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    spec: lora.LoraSpec,
+) -> dict[str, torch.Tensor]:
+    """A LoRA checkpoint's ``state`` (adapters and head) with its base model's weights, the
+    adapters merged into them: the decoder's or BERT's (``raw``, its ``config.json``).
+
+    Raises:
+        CheckpointError: see :func:`trainer.hf_export.checked_base`.
+    """
+    base = checkpointer.base_model_of(name)
+    if encoder.is_bert(raw):
+        layout = encoder.lora_layout(encoder.parse_config(raw, seq_len=1))
+        weights = encoder.read_state(hf_export.checked_base(checkpointer, name, base))
+        return lora.merged({**weights, **state}, layout, spec)
+    cfg = hf_config.parse_config(raw, seq_len=1)
+    return lora.merged(
+        {**hf_export._base_weights(checkpointer, name, base, cfg), **state}, cfg, spec
     )

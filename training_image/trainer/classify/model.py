@@ -77,7 +77,41 @@ def last_token(idx: torch.Tensor, pad_token_id: int) -> torch.Tensor:
     return (positions * (idx != pad_token_id).to(torch.int32)).argmax(-1)
 
 
-class SequenceClassifier(GPT):
+class ScoredForward:
+    """The ``forward`` of a classifier (a module with ``spec``, ``class_weights`` and
+    ``scores``): ``forward(idx, labels, rows)`` the loss summed over the rows that hold an
+    example, each weighted (see :func:`loss_sum`); ``forward(idx)`` the logits."""
+
+    spec: HeadSpec
+    class_weights: torch.Tensor | None
+
+    def scores(self, idx: torch.Tensor) -> torch.Tensor:
+        """FP32 ``(batch, classes)`` logits of int64 ``(batch, seq_len)`` rows."""
+        raise NotImplementedError
+
+    def head_parameters(self) -> list[torch.Tensor]:
+        """The parameters of the head on the model's hidden states: a LoRA run trains them."""
+        raise NotImplementedError
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss of :func:`loss_sum`; without ``labels``, the :meth:`scores`."""
+        if labels is None or rows is None:
+            return self.scores(idx)
+        return loss_sum(
+            self.scores(idx),
+            labels,
+            rows,
+            multi_label=self.spec.multi_label,
+            class_weights=self.class_weights,
+        )
+
+
+class SequenceClassifier(ScoredForward, GPT):
     """The decoder of ``cfg`` with a score head of ``head.num_labels`` outputs in place of the
     output head (an untied one: the embedding is never the head). ``class_weights`` (default
     none): a per-class weight of the cross-entropy, or multi-label the ``pos_weight`` of each
@@ -96,6 +130,10 @@ class SequenceClassifier(GPT):
         self.class_weights: torch.Tensor | None
         self.register_buffer("class_weights", class_weights, persistent=False)
 
+    def head_parameters(self) -> list[torch.Tensor]:
+        """The score head's weight."""
+        return [self.head.weight]
+
     def scores(self, idx: torch.Tensor) -> torch.Tensor:
         """FP32 ``(batch, classes)`` logits of int64 ``(batch, seq_len)`` rows."""
         hidden = self.hidden(idx)
@@ -103,23 +141,6 @@ class SequenceClassifier(GPT):
         pooled = hidden[rows, last_token(idx, self.spec.pad_token_id)]
         with torch.autocast(pooled.device.type, enabled=False):
             return F.linear(pooled.float(), self.head.weight.float())
-
-    def forward(
-        self,
-        idx: torch.Tensor,
-        labels: torch.Tensor | None = None,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The loss of :func:`loss_sum`; without ``labels``, the :meth:`scores`."""
-        if labels is None or rows is None:
-            return self.scores(idx)
-        return loss_sum(
-            self.scores(idx),
-            labels,
-            rows,
-            multi_label=self.spec.multi_label,
-            class_weights=self.class_weights,
-        )
 
 
 def loss_sum(

@@ -21,8 +21,10 @@ import torch
 import torch.distributed as dist
 
 from trainer import device, parallel
+from trainer.classify import encoder
 from trainer.classify.data import ClassifySampler, Labels, open_labels
 from trainer.classify.evaluate import Totals, evaluate
+from trainer.classify.load import Classifier
 from trainer.classify.metrics import Tally
 from trainer.classify.model import (
     HeadSpec,
@@ -40,7 +42,8 @@ TASK = "classify"
 @dataclass(frozen=True)
 class Classify:
     """Sequence classification on ``sampler``'s rows, evaluated on ``held_out``'s (None: no
-    eval); ``class_weights`` per class or None."""
+    eval); ``class_weights`` per class or None; ``bert`` the shape of the BERT encoder the
+    model directory holds (None: a decoder)."""
 
     sampler: ClassifySampler
     held_out: ClassifySampler | None
@@ -49,27 +52,35 @@ class Classify:
     ranks: parallel.Ranks
     backend: device.Backend
     control: dist.ProcessGroup | None = None
+    bert: encoder.BertConfig | None = None
 
     @property
     def head(self) -> HeadSpec:
         return HeadSpec(self.labels.names, self.labels.multi_label, self.labels.pad_token_id)
 
-    def new_model(self, cfg: ModelConfig) -> SequenceClassifier:
-        """A classifier of ``cfg`` with this task's head and class weights, its weights drawn
-        (on the meta device: none)."""
+    def new_model(self, cfg: ModelConfig) -> Classifier:
+        """A classifier of ``cfg`` (of :attr:`bert` for an encoder) with this task's head and
+        class weights, its weights drawn (on the meta device: none)."""
+        if self.bert is not None:
+            return encoder.BertClassifier(self.bert, self.head, self._weights())
         return SequenceClassifier(cfg, self.head, self._weights())
 
-    def pretrained(self, model_dir: str, cfg: ModelConfig) -> SequenceClassifier:
-        """A classifier on ``model_dir``'s decoder with a new head (see
-        :func:`trainer.classify.model.from_causal_lm`) and this task's class weights."""
-        model = from_causal_lm(model_dir, cfg, self.head)
+    def pretrained(self, model_dir: str, cfg: ModelConfig) -> Classifier:
+        """A classifier on ``model_dir``'s decoder or BERT encoder with a new head (see
+        :func:`trainer.classify.model.from_causal_lm` and :func:`trainer.classify.encoder.load`)
+        and this task's class weights."""
+        model: Classifier
+        if self.bert is not None:
+            model = encoder.load(model_dir, seq_len=self.bert.seq_len, head=self.head)
+        else:
+            model = from_causal_lm(model_dir, cfg, self.head)
         model.class_weights = self._weights()
         return model
 
     def set_class_weights(self, model: torch.nn.Module) -> None:
         """Sets the classifier ``model``'s class weights (a buffer outside the state, as after
         ``to_empty``) on the default device."""
-        assert isinstance(model, SequenceClassifier)
+        assert isinstance(model, SequenceClassifier | encoder.BertClassifier)
         weights = self._weights()
         model.class_weights = None if weights is None else weights.to(torch.get_default_device())
 
@@ -158,7 +169,8 @@ def build(
     control: dist.ProcessGroup | None,
 ) -> tuple[Classify, int]:
     """The classification task of ``cfg`` on ``dataset`` for this rank, in rows of ``model``'s
-    sequence length, and the run's steps (``cfg.epochs`` whole epochs, else ``cfg.steps``).
+    sequence length, on ``cfg.model_dir``'s decoder or BERT encoder, and the run's steps
+    (``cfg.epochs`` whole epochs, else ``cfg.steps``).
 
     Raises:
         trainer.classify.data.LabelsError: the data is not of ``prepare-data --format
@@ -186,5 +198,6 @@ def build(
     weights = (
         auto_class_weights(labels.train, labels.num_labels) if cfg.class_weights == "auto" else None
     )
-    task = Classify(sampler, held_out, labels, weights, ranks, backend, control)
+    bert = encoder.config_of(cfg.model_dir, seq_len=model.seq_len)
+    task = Classify(sampler, held_out, labels, weights, ranks, backend, control, bert)
     return task, sampler.steps_for(cfg.epochs) if cfg.epochs else cfg.steps
