@@ -124,6 +124,7 @@ class TrainingArgs:
     epochs: int | None = None
     task: str | None = None
     class_weights: str | None = None
+    best_metric: str | None = None
 
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.model is None):
@@ -161,6 +162,14 @@ class TrainingArgs:
                 )
             if self.task != "classify":
                 raise TrnctlError("--class-weights needs --task classify")
+        if self.best_metric is not None and not (
+            self.best_metric.startswith("eval_") and self.eval_every
+        ):
+            raise TrnctlError(
+                f"--best-metric {self.best_metric!r} names an eval figure (eval_loss; with "
+                "--task classify eval_accuracy, eval_macro_f1, eval_micro_f1) and needs "
+                "--eval-every N above 0"
+            )
 
     def argv(self, job_name: str) -> list[str]:
         """The entrypoint's arguments: data under the datasets mount unless ``data`` is an
@@ -194,6 +203,7 @@ class TrainingArgs:
             ("--epochs", self.epochs),
             ("--task", self.task),
             ("--class-weights", self.class_weights),
+            (BEST_METRIC_FLAG, self.best_metric),
         ):
             if value is not None:
                 argv += [flag, str(value)]
@@ -324,6 +334,9 @@ EXPORT_COMMAND = ("python3", "-m", "trainer", "export")
 SOURCE_JOB_LABEL = "trn-platform/source-job"
 MERGE_LORA_FLAG = "--merge-lora"
 BASE_MODEL_ID_FLAG = "--base-model-id"
+# `trn-train export --best`: the run's best checkpoint by the --best-metric it trained with.
+BEST_FLAG = "--best"
+BEST_METRIC_FLAG = "--best-metric"
 # The flag of `trn-train run` that makes a run a LoRA fine-tune (see TrainingArgs.argv).
 LORA_RANK_FLAG = "--lora-rank"
 _EXPORT_SUFFIX = "-export-mmddhhmmss"
@@ -343,6 +356,18 @@ def is_lora(job: Mapping[str, Any]) -> bool:
     return any(a == LORA_RANK_FLAG or str(a).startswith(f"{LORA_RANK_FLAG}=") for a in args)
 
 
+def best_metric_of(job: Mapping[str, Any]) -> str | None:
+    """The ``--best-metric`` the TrainJob ``job`` trains with (see :meth:`TrainingArgs.argv`),
+    or None."""
+    args = [str(a) for a in job.get("spec", {}).get("trainer", {}).get("args") or []]
+    for i, arg in enumerate(args):
+        if arg == BEST_METRIC_FLAG and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(f"{BEST_METRIC_FLAG}="):
+            return arg.partition("=")[2]
+    return None
+
+
 def export_dir(job_name: str, export: str) -> str:
     """Where the export ``export`` of ``job_name`` writes: beside the job's checkpoints (the
     trainer's checkpoints are its ``step_*`` directories, so this one is not taken for one)."""
@@ -358,12 +383,14 @@ def render_export(
     merge_lora: bool = False,
     base_model_id: str = "",
     target: str = TRN,
+    best: bool = False,
 ) -> dict[str, Any]:
-    """The TrainJob that writes the newest valid checkpoint of ``job_name`` as a Hugging Face
-    model directory at :func:`export_dir`: one node of ``target``'s runtime (default ``trn``;
-    the source job's own, so that the export runs where its image does), whose pod already
-    mounts FSx, running ``trn-train export``. Of a LoRA run that directory is a PEFT adapter,
-    or with ``merge_lora`` (default False) the full model with the adapters merged
+    """The TrainJob that writes the newest valid checkpoint of ``job_name`` (with ``best``,
+    default False, its best by its ``--best-metric``: ``trn-train export --best``) as a Hugging
+    Face model directory at :func:`export_dir`: one node of ``target``'s runtime (default
+    ``trn``; the source job's own, so that the export runs where its image does), whose pod
+    already mounts FSx, running ``trn-train export``. Of a LoRA run that directory is a PEFT
+    adapter, or with ``merge_lora`` (default False) the full model with the adapters merged
     (``trn-train export --merge-lora``). ``base_model_id`` (default none: the trainer's default,
     the model config's ``_name_or_path``) is the hub id an adapter names as its base.
 
@@ -375,6 +402,8 @@ def render_export(
         args.append(MERGE_LORA_FLAG)
     if base_model_id:
         args += [BASE_MODEL_ID_FLAG, base_model_id]
+    if best:
+        args.append(BEST_FLAG)
     return render(
         name=export,
         outputs=outputs,

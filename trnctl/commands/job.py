@@ -133,8 +133,9 @@ def job_submit(
         str | None,
         typer.Option(
             "--task",
-            help="causal-lm (default) or classify: a score head on --model, data prepared with "
-            "`trn-train prepare-data --format classify` (docs/classification.md).",
+            help="causal-lm (default) or classify: a classifier on --model (a decoder with a "
+            "score head, or a BERT encoder), data prepared with `trn-train prepare-data "
+            "--format classify` (docs/classification.md).",
         ),
     ] = None,
     class_weights: Annotated[
@@ -142,6 +143,15 @@ def job_submit(
         typer.Option(
             "--class-weights",
             help="With --task classify: auto weighs each class by inverse frequency; none.",
+        ),
+    ] = None,
+    best_metric: Annotated[
+        str | None,
+        typer.Option(
+            "--best-metric",
+            help="An eval figure (eval_loss; with --task classify eval_accuracy, "
+            "eval_macro_f1, eval_micro_f1): each eval that improves it writes a checkpoint kept "
+            "beside the newest, which `trnctl job export --best` exports. Needs --eval-every.",
         ),
     ] = None,
     precompile: Annotated[
@@ -208,6 +218,7 @@ def job_submit(
             "--eval-batches": eval_batches is not None,
             "--task": task is not None,
             "--class-weights": class_weights is not None,
+            "--best-metric": best_metric is not None,
             "--precompile": precompile,
         }
         _submit_command(
@@ -255,6 +266,7 @@ def job_submit(
         epochs=epochs,
         task=task,
         class_weights=class_weights,
+        best_metric=best_metric,
     )
     outputs = common.outputs_of(env, region)
     spec = _spec_of(outputs, target)
@@ -493,13 +505,22 @@ def job_export(
             "directory). Refused with --merge-lora and for a job without LoRA.",
         ),
     ] = "",
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best",
+            help="The job's best checkpoint by the --best-metric it was submitted with, instead "
+            "of the newest. Refused for a job without --best-metric.",
+        ),
+    ] = False,
     dry_run: DryRunOption = False,
     region: RegionOption = None,
 ) -> None:
-    """Write the newest valid checkpoint of a --model job as a Hugging Face model directory
-    beside its checkpoints (a one-node TrainJob running trn-train export, on the job's own node
-    group: trn, or gpu for a --target gpu job); print where it is. A LoRA job's export is its
-    PEFT adapter, or with --merge-lora the merged full model. --dry-run prints the trn form."""
+    """Write the newest valid checkpoint of a --model job (with --best, its best by its
+    --best-metric) as a Hugging Face model directory beside its checkpoints (a one-node
+    TrainJob running trn-train export, on the job's own node group: trn, or gpu for a --target
+    gpu job); print where it is. A LoRA job's export is its PEFT adapter, or with --merge-lora
+    the merged full model. --dry-run prints the trn form."""
     jobs.validate_name(name)
     _check_base_model_id(base_model_id, merge_lora)
     outputs = common.outputs_of(env, region)
@@ -512,6 +533,7 @@ def job_export(
             image=image,
             merge_lora=merge_lora,
             base_model_id=base_model_id,
+            best=best,
         )
         typer.echo(jobs.to_yaml(job), nl=False)
         return
@@ -535,6 +557,11 @@ def job_export(
             f"--base-model-id: TrainJob {name!r} is not a LoRA fine-tune (its arguments have no "
             f"{jobs.LORA_RANK_FLAG}); only an adapter names a base model, so leave it out"
         )
+    if best and jobs.best_metric_of(source) is None:
+        raise TrnctlError(
+            f"--best: TrainJob {name!r} was not submitted with --best-metric, so it kept no best "
+            "checkpoint; export its newest without --best"
+        )
     image = image or source.get("spec", {}).get("trainer", {}).get("image")
     # The export runs on the source job's group, where its image runs; not on an empty one.
     target = jobs.target_of(source)
@@ -548,6 +575,7 @@ def job_export(
             merge_lora=merge_lora,
             base_model_id=base_model_id,
             target=target,
+            best=best,
         )
     )
     where = jobs.export_dir(name, export)
@@ -572,7 +600,8 @@ def job_export(
         else "a Hugging Face model" + (" (LoRA adapters merged)" if merge_lora else "")
     )
     common.console().print(
-        f"exported the newest checkpoint of {name} as {what}: {where} (in pods), "
+        f"exported the {'best' if best else 'newest'} checkpoint of {name} as {what}: {where} "
+        "(in pods), "
         f"{bucket} (FSx exports it to the checkpoints bucket)",
         soft_wrap=True,
     )
