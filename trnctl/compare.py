@@ -2,7 +2,8 @@
 
 Pure functions over parsed metrics files (the trainer's JSON lines: a ``"kind": "run"`` header,
 then ``train`` records with ``step``, ``loss``, ``tokens``, ``tokens_per_s`` and ``elapsed_s``,
-and ``eval`` records, which are ignored here). The command in :mod:`trnctl.commands.compare`
+of a classification run also ``examples_per_s``, and ``eval`` records, whose last one gives a
+run's held-out figures: :data:`EVAL_FIGURES`). The command in :mod:`trnctl.commands.compare`
 reads the files, resolves prices and prints.
 """
 
@@ -13,7 +14,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import trn_catalog
@@ -37,17 +38,28 @@ HEADER_FIELDS = (
 )
 # --price TYPE:cb=USD sets a Capacity Block rate; TYPE=USD an On-Demand one.
 CB_SUFFIX = ":cb"
+# The held-out figures of an eval record that compare shows, as the trainer names them: the loss
+# (any task), a classifier's accuracy (multi-label: exact match) and F1 (trainer.classify).
+EVAL_FIGURES = (
+    "eval_loss",
+    "eval_accuracy",
+    "eval_exact_match",
+    "eval_macro_f1",
+    "eval_micro_f1",
+)
 
 
 @dataclass(frozen=True)
 class Run:
     """One run's metrics: its first header and its train records, oldest step first, each with
-    ``time_s``, seconds of run time when it was written (restarts add up; see :func:`parse`)."""
+    ``time_s``, seconds of run time when it was written (restarts add up; see :func:`parse`),
+    and its eval records, oldest step first (default none)."""
 
     label: str
     header: dict[str, Any]
     records: list[dict[str, Any]]
     restarts: int
+    evals: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse(text: str, label: str) -> Run:
@@ -62,6 +74,7 @@ def parse(text: str, label: str) -> Run:
     """
     header: dict[str, Any] | None = None
     by_step: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, Any]] = {}
     offset = last_time = 0.0
     starts = 0
     for number, line in enumerate(text.splitlines(), start=1):
@@ -81,6 +94,8 @@ def parse(text: str, label: str) -> Run:
                 raise TrnctlError(_no_header(label))
             last_time = offset + _field(record, "elapsed_s", label, number)
             by_step[_field(record, "step", label, number)] = {**record, "time_s": last_time}
+        elif kind == "eval" and isinstance(record.get("step"), int):
+            evals[record["step"]] = record
     if header is None:
         raise TrnctlError(_no_header(label))
     missing = [name for name in HEADER_FIELDS if name not in header]
@@ -92,7 +107,7 @@ def parse(text: str, label: str) -> Run:
     for record in records:
         for name in ("loss", "tokens", "tokens_per_s"):
             _field(record, name, label, None)
-    return Run(label, header, records, starts - 1)
+    return Run(label, header, records, starts - 1, [evals[step] for step in sorted(evals)])
 
 
 def _no_header(label: str) -> str:
@@ -126,8 +141,30 @@ def steady_records(run: Run, warmup_steps: int | None) -> list[dict[str, Any]]:
 
 def steady_tokens_per_s(run: Run, warmup_steps: int | None) -> float | None:
     """Median tokens/s (whole job) of :func:`steady_records`; None when there is none."""
+    return steady_median(run, warmup_steps, "tokens_per_s")
+
+
+def steady_median(run: Run, warmup_steps: int | None, name: str) -> float | None:
+    """Median of the figure ``name`` (``tokens_per_s``, a classifier's ``examples_per_s``) over
+    :func:`steady_records`; None when there is none or a record lacks it."""
     steady = steady_records(run, warmup_steps)
-    return float(statistics.median(r["tokens_per_s"] for r in steady)) if steady else None
+    if not steady or any(name not in r for r in steady):
+        return None
+    return float(statistics.median(r[name] for r in steady))
+
+
+def last_eval(run: Run) -> dict[str, Any]:
+    """The run's newest eval record's :data:`EVAL_FIGURES` that are numbers, and its ``step``
+    as ``eval_step``; empty for a run without an eval record."""
+    if not run.evals:
+        return {}
+    record = run.evals[-1]
+    figures = {
+        name: float(record[name])
+        for name in EVAL_FIGURES
+        if isinstance(record.get(name), int | float) and not isinstance(record[name], bool)
+    }
+    return {"eval_step": record["step"], **figures}
 
 
 def mfu(run: Run, tokens_per_s: float | None) -> float | None:
@@ -265,11 +302,12 @@ def rate_for(
     return Rate(price.usd_per_hour, f"{region}, as of {price.as_of}, {status}: {price.source}")
 
 
-def cost_per_million_tokens(rate: Rate, nodes: int, tokens_per_s: float | None) -> float | None:
-    """USD per 1M tokens at ``tokens_per_s`` (the whole job's) on ``nodes`` instances."""
-    if rate.usd_per_hour is None or not tokens_per_s:
+def cost_per_million(rate: Rate, nodes: int, per_s: float | None) -> float | None:
+    """USD per 1M tokens (or examples) at ``per_s`` of them (the whole job's) on ``nodes``
+    instances."""
+    if rate.usd_per_hour is None or not per_s:
         return None
-    return rate.usd_per_hour * nodes / SECONDS_PER_HOUR / tokens_per_s * MILLION
+    return rate.usd_per_hour * nodes / SECONDS_PER_HOUR / per_s * MILLION
 
 
 def cost_of(rate: Rate, nodes: int, seconds: float | None) -> float | None:
@@ -286,6 +324,8 @@ class Summary:
     run: Run
     first_step_s: float
     tokens_per_s: float | None
+    examples_per_s: float | None
+    eval_figures: dict[str, Any]
     mfu: float | None
     total_s: float
     total_tokens: int
@@ -295,6 +335,7 @@ class Summary:
     loss_difference: float | None
     rates: dict[prices.Market, Rate]
     per_million: dict[prices.Market, float | None]
+    per_million_examples: dict[prices.Market, float | None]
     whole_run: dict[prices.Market, float | None]
     to_tokens_s: float | None
     to_loss_s: float | None
@@ -323,6 +364,7 @@ def summarize(
     for run, run_rates in zip(runs, rates, strict=True):
         nodes = run.header["nodes"]
         tps = steady_tokens_per_s(run, targets.warmup_steps)
+        eps = steady_median(run, targets.warmup_steps, "examples_per_s")
         total_s = float(run.records[-1]["time_s"])
         to_tokens = (
             None if targets.to_tokens is None else first_reaching(run, tokens=targets.to_tokens)
@@ -333,6 +375,8 @@ def summarize(
                 run=run,
                 first_step_s=time_to_first_step(run),
                 tokens_per_s=tps,
+                examples_per_s=eps,
+                eval_figures=last_eval(run),
                 mfu=mfu(run, tps),
                 total_s=total_s,
                 total_tokens=int(run.records[-1]["tokens"]),
@@ -341,8 +385,9 @@ def summarize(
                 loss_at_matched=losses_at(run, matched[-1:])[0] if matched else None,
                 loss_difference=mean_abs_loss_difference(run, runs[0], matched),
                 rates=run_rates,
-                per_million={
-                    m: cost_per_million_tokens(r, nodes, tps) for m, r in run_rates.items()
+                per_million={m: cost_per_million(r, nodes, tps) for m, r in run_rates.items()},
+                per_million_examples={
+                    m: cost_per_million(r, nodes, eps) for m, r in run_rates.items()
                 },
                 whole_run={m: cost_of(r, nodes, total_s) for m, r in run_rates.items()},
                 to_tokens_s=to_tokens,

@@ -168,6 +168,13 @@ def rows(summaries: Sequence[Summary], matched: Sequence[float], targets: Target
         lambda s: s.tokens_per_s,
         lambda s: _number(s.tokens_per_s, ",.1f"),
     )
+    add(
+        "steady examples/s",
+        "steady_examples_per_s",
+        speed,
+        lambda s: s.examples_per_s,
+        lambda s: _number(s.examples_per_s, ",.1f"),
+    )
     add("MFU", "mfu", speed, lambda s: s.mfu, lambda s: _number(s.mfu, ".2%"))
     add("run time", "run_time_s", speed, lambda s: s.total_s, lambda s: f"{s.total_s:,.1f} s")
     add(
@@ -194,10 +201,33 @@ def rows(summaries: Sequence[Summary], matched: Sequence[float], targets: Target
         lambda s: s.loss_difference,
         lambda s: _number(s.loss_difference, ".4f"),
     )
+    built += _eval_rows(summaries)
     for market in MARKET_NAMES:
         built += _market_rows(summaries, market)
     built += _target_rows(summaries, targets)
     return built
+
+
+# The eval rows: each figure of the run's last eval record (trnctl.compare.EVAL_FIGURES) by
+# name in the table, and how its cell shows it.
+EVAL_ROWS = (
+    ("last eval at step", "eval_step", ","),
+    ("eval loss", "eval_loss", ".4f"),
+    ("eval accuracy", "eval_accuracy", ".2%"),
+    ("eval exact match", "eval_exact_match", ".2%"),
+    ("eval macro F1", "eval_macro_f1", ".4f"),
+    ("eval micro F1", "eval_micro_f1", ".4f"),
+)
+
+
+def _eval_rows(summaries: Sequence[Summary]) -> list[Row]:
+    """The task's held-out figures of each run's last eval (a classifier's accuracy and F1,
+    any run's eval loss); rows no run has are not shown."""
+    found = []
+    for name, key, fmt in EVAL_ROWS:
+        values = [s.eval_figures.get(key) for s in summaries]
+        found.append(Row(name, key, "eval", values, [_number(v, fmt) for v in values]))
+    return found
 
 
 def _money_row(
@@ -207,7 +237,8 @@ def _money_row(
 
 
 def _market_rows(summaries: Sequence[Summary], market: prices.Market) -> list[Row]:
-    """The rate, the cost per 1M tokens and the run's cost at ``market``'s rate."""
+    """The rate, the cost per 1M tokens (and of a classifier per 1M examples) and the run's
+    cost at ``market``'s rate."""
     name, key = MARKET_NAMES[market], market.replace("-", "_")
     return [
         _money_row(
@@ -221,6 +252,12 @@ def _market_rows(summaries: Sequence[Summary], market: prices.Market) -> list[Ro
             f"{key}_usd_per_million_tokens",
             "cost",
             [s.per_million[market] for s in summaries],
+        ),
+        _money_row(
+            f"{name} $ per 1M examples",
+            f"{key}_usd_per_million_examples",
+            "cost",
+            [s.per_million_examples[market] for s in summaries],
         ),
         _money_row(
             f"{name} $ for the run",

@@ -421,7 +421,7 @@ def test_no_steady_interval_leaves_throughput_and_costs_unknown() -> None:
     assert compare.steady_tokens_per_s(run, warmup_steps=2) is None
     assert compare.steady_tokens_per_s(run, warmup_steps=1) == 50.0
     rate = compare.Rate(10.0, "given")
-    assert compare.cost_per_million_tokens(rate, 1, None) is None
+    assert compare.cost_per_million(rate, 1, None) is None
 
 
 def _multi_node_run(path: Path, nodes: int, tokens_per_s: float, ends_at: float) -> Path:

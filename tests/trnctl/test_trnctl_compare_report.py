@@ -284,3 +284,64 @@ def test_the_report_renders_in_chromium_with_its_verdict_and_every_plot(
         assert image["shown"] > 300, image
     assert pdf.startswith(b"%PDF-")
     assert len(re.findall(rb"/Type\s*/Page\b", pdf)) >= 1
+
+
+def _classifier(path: Path, header: dict[str, Any], examples_per_s: float, accuracy: float) -> Path:
+    """A classification run's metrics file: :func:`_write`'s train records with
+    ``examples_per_s`` (10 examples of 100 tokens a step) and two eval records, the later one
+    at ``accuracy``."""
+    _write(path, header, tokens_per_s=100 * examples_per_s)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in lines[1:]:
+        record["examples_per_s"] = examples_per_s
+    evals = [
+        {"kind": "eval", "step": step, "eval_loss": loss, "eval_accuracy": acc,
+         "eval_macro_f1": acc - 0.05, "eval_micro_f1": acc, "eval_examples": 40,
+         "per_class": {}, "confusion": [[1]]}
+        for step, loss, acc in ((5, 0.9, accuracy - 0.2), (10, 0.4, accuracy))
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*lines, *evals]))
+    return path
+
+
+def test_classification_runs_compare_examples_per_s_and_their_metric(
+    trnctl: Any, no_aws: None, tmp_path: Path
+) -> None:
+    a = _classifier(tmp_path / "a.jsonl", _header("trn2.48xlarge", 1), 40.0, 0.95)
+    b = _classifier(tmp_path / "b.jsonl", _header("p5en.48xlarge", 1), 80.0, 0.9)
+    out = tmp_path / "report.html"
+    flags = ["--price", "trn2.48xlarge=36", "--price", "p5en.48xlarge=72", "--out", str(out)]
+
+    run = trnctl("compare", str(a), str(b), *flags)
+    document = json.loads(trnctl("compare", str(a), str(b), *flags, "--json").stdout)
+
+    assert run.exit_code == 0, run.stderr
+    table = _table(run.stdout)
+    assert table["steady examples/s"] == ["40.0", "80.0"]
+    assert table["steady tokens/s"] == ["4,000.0", "8,000.0"]
+    assert table["last eval at step"] == ["10", "10"]
+    assert table["eval accuracy"] == ["95.00%", "90.00%"]
+    assert table["eval macro F1"] == ["0.9000", "0.8500"]
+    assert table["eval loss"] == ["0.4000", "0.4000"]
+    # $36/h over 40 examples/s: 36 / 3600 / 40 * 1e6 = $250 per 1M examples; $72/h, 80/s: $250.
+    assert table["On-Demand $ per 1M examples"] == ["$250.00", "$250.00"]
+    assert "eval exact match" not in table  # no run is multi-label
+    figures = [r["figures"] for r in document["runs"]]
+    assert [f["steady_examples_per_s"] for f in figures] == [40.0, 80.0]
+    assert [f["eval_accuracy"] for f in figures] == [0.95, 0.9]
+    assert {row["name"]: row["cells"] for row in document["rows"]} == table
+    page = out.read_text()
+    for name in ("steady examples/s", "eval accuracy", "eval macro F1", "$ per 1M examples"):
+        assert name in page
+    assert "<td>95.00%</td><td>90.00%</td>" in page
+
+
+def test_a_causal_lm_run_shows_no_classification_rows(
+    trnctl: Any, no_aws: None, tmp_path: Path
+) -> None:
+    a = _write(tmp_path / "a.jsonl", _header(None, 1), tokens_per_s=100.0)
+
+    table = _table(trnctl("compare", str(a)).stdout)
+
+    assert "steady tokens/s" in table
+    assert not {"steady examples/s", "eval accuracy", "last eval at step"} & set(table)
