@@ -171,7 +171,7 @@ def tokens_per_s(
         return x, y
 
     x, y = batch_of_windows()
-    step_times = []
+    step_times: list[float] = []
     began = time.perf_counter()
     for step in range(total):
         for group in opt.param_groups:

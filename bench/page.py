@@ -74,7 +74,7 @@ def render(results: Mapping[str, Any]) -> str:
         "The figures of one `make bench` run; what each compares and its goal are in",
         "[performance.md](performance.md). Regenerate with `make bench`.",
         "",
-        f"- command: `{run.get('command', 'make bench')}`",
+        f"- command: `{run.get('command', 'make bench')}` at commit {run.get('commit', 'unknown')}",
         f"- started: {run.get('started', 'unknown')}; finished: {run.get('finished', 'unknown')}",
         f"- machine: {run.get('machine', 'unknown')}",
         f"- load average (1, 5, 15 min) before: {run.get('load_before', 'unknown')}; "

@@ -23,6 +23,7 @@ import results_file
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
+PAGE = HERE.parent / "docs" / "performance-measured.md"
 SCRIPTS = (
     "synth_bench.py",
     "trainer_bench.py",
@@ -59,6 +60,22 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores{memory}, Python {platform.python_version()}"
 
 
+def commit() -> str:
+    """The commit the bench measures, marked when the tree has other changes (the page this
+    bench writes aside); "unknown" outside a git checkout."""
+    git = ["git", "-C", str(HERE.parent)]
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    if head.returncode:
+        return "unknown"
+    status = subprocess.run(
+        [*git, "status", "--porcelain", "--", ".", f":!{PAGE.relative_to(HERE.parent)}"],
+        capture_output=True,
+        text=True,
+    )
+    changed = " with uncommitted changes" if status.stdout.strip() else ""
+    return head.stdout.strip() + changed
+
+
 def _merge_run(fields: dict[str, object]) -> None:
     results_file.merge(RESULTS, "run", fields)
 
@@ -66,7 +83,13 @@ def _merge_run(fields: dict[str, object]) -> None:
 def main() -> int:
     RESULTS.unlink(missing_ok=True)
     _merge_run(
-        {"command": "make bench", "started": _now(), "machine": machine(), "load_before": _load()}
+        {
+            "command": "make bench",
+            "commit": commit(),
+            "started": _now(),
+            "machine": machine(),
+            "load_before": _load(),
+        }
     )
     status = 0
     for script in SCRIPTS:
@@ -74,7 +97,10 @@ def main() -> int:
         if status:
             break
     _merge_run({"finished": _now(), "load_after": _load(), "exit_status": status})
-    subprocess.run([sys.executable, str(HERE / "page.py"), "--results", str(RESULTS)], check=True)
+    subprocess.run(
+        [sys.executable, str(HERE / "page.py"), "--results", str(RESULTS), "--out", str(PAGE)],
+        check=True,
+    )
     return status
 
 

@@ -174,7 +174,7 @@ def bare_round() -> float:
     model = GPT(cfg.model)
     opt = optim.build(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     batches = [torch.randint(0, 256, (cfg.micro_batch, cfg.model.seq_len + 1)) for _ in range(4)]
-    step_times = []
+    step_times: list[float] = []
     for step in range(WARMUP + MEASURED):
         began = time.perf_counter()
         b = batches[step % 4]
@@ -183,7 +183,7 @@ def bare_round() -> float:
         opt.zero_grad(set_to_none=True)
         if step >= WARMUP:
             step_times.append(time.perf_counter() - began)
-    return cfg.micro_batch * cfg.model.seq_len / statistics.median(step_times)
+    return float(cfg.micro_batch * cfg.model.seq_len / statistics.median(step_times))
 
 
 def side_main(side: str, data_dir: Path, peak: float) -> int:

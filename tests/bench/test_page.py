@@ -3,6 +3,7 @@ whether the run met it; a benchmark that did not run is named, not left out."""
 
 import importlib
 import json
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +14,7 @@ from tests.conftest import ROOT
 RESULTS = {
     "run": {
         "command": "make bench",
+        "commit": "85e26dd1a2b3",
         "started": "2026-12-02 09:30 UTC",
         "finished": "2026-12-02 09:58 UTC",
         "machine": "AMD EPYC 7B13, 2 cores, 23 GiB memory, Python 3.11.7",
@@ -46,7 +48,7 @@ def test_the_page_names_the_run_that_made_it(page: ModuleType) -> None:
 
     assert "- started: 2026-12-02 09:30 UTC; finished: 2026-12-02 09:58 UTC" in text
     assert "- machine: AMD EPYC 7B13, 2 cores, 23 GiB memory, Python 3.11.7" in text
-    assert "- command: `make bench`" in text
+    assert "- command: `make bench` at commit 85e26dd1a2b3" in text
     assert "- exit status: 1" in text
 
 
@@ -91,3 +93,32 @@ def test_each_script_merges_its_section_and_the_run_section_grows(
         "run": {"started": "a", "finished": "b"},
         "synth": {"ratio": 1.4},
     }
+
+
+def test_the_run_names_its_commit_and_a_tree_with_other_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bench/run.py's commit: HEAD's short hash, marked when files other than the page it
+    writes have changed; "unknown" outside a checkout."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    run = importlib.import_module("run")
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    page_file = repo / "docs" / "performance-measured.md"
+    for path in (repo / "bench" / "x.py", page_file):
+        path.write_text("a\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "one"]):
+        subprocess.run([*git, *args], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    monkeypatch.setattr(run, "HERE", repo / "bench")
+    monkeypatch.setattr(run, "PAGE", page_file)
+
+    page_file.write_text("b\n")
+    assert run.commit() == head.stdout.strip()
+    (repo / "bench" / "x.py").write_text("b\n")
+    assert run.commit() == head.stdout.strip() + " with uncommitted changes"
+    monkeypatch.setattr(run, "HERE", tmp_path / "elsewhere" / "bench")
+    (tmp_path / "elsewhere" / "bench").mkdir(parents=True)
+    assert run.commit() == "unknown"
