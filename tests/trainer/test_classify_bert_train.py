@@ -174,3 +174,38 @@ def test_lora_on_bert_trains_the_adapters_and_the_head_only(task: tuple[Path, Pa
         "classifier.weight",
         "classifier.bias",
     }
+
+
+def test_bert_layers_are_checkpointed_and_the_head_stays_fp32(task: tuple[Path, Path]) -> None:
+    """Activation checkpointing wraps BERT's layers (the loss and gradients unchanged, the
+    state-dict names too), and under BF16 autocast the pooler and classifier still compute in
+    FP32 from the encoder's output."""
+    import torch.nn.functional as F
+
+    from trainer import parallel
+    from trainer.classify import encoder
+    from trainer.classify.model import HeadSpec
+
+    model, _ = task
+    head = HeadSpec(tuple(sorted(WORDS)), False, 0)
+    plain, wrapped = (encoder.load(model, seq_len=SEQ, head=head) for _ in range(2))
+    wrapped.load_state_dict(plain.state_dict())
+    assert parallel.checkpoint_blocks(wrapped) == hf_tiny.BERT_SHAPE["num_hidden_layers"]
+    assert wrapped.state_dict().keys() == plain.state_dict().keys()
+    rows = torch.randint(5, 256, (4, SEQ), generator=torch.Generator().manual_seed(2))
+    rows[:, 0], rows[:2, 7:] = 2, 0
+    labels, real = torch.tensor([0, 1, 2, 1]), torch.ones(4, dtype=torch.bool)
+    losses = [m(rows, labels, real) for m in (plain, wrapped)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0])
+    for (name, a), b in zip(plain.named_parameters(), wrapped.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = plain.scores(rows)
+        first = plain.hidden(rows)[:, 0]
+    pooler, classifier = plain.bert.pooler.dense, plain.classifier
+    pooled = torch.tanh(F.linear(first.float(), pooler.weight, pooler.bias))
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, F.linear(pooled, classifier.weight, classifier.bias))

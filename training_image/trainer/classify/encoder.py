@@ -306,6 +306,13 @@ class BertClassifier(ScoredForward, nn.Module):
             x = layer(x, mask)
         return x
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The encoder's layers, as the decoder's ``blocks``: what activation checkpointing
+        wraps and FSDP2 shards one by one (:mod:`trainer.parallel`); a wrapper keeps the
+        state-dict names."""
+        return self.bert.encoder.layer
+
     def head_parameters(self) -> list[torch.Tensor]:
         """The pooler's and the classifier's weights and biases (a LoRA run trains both: the
         pooler is new where the checkpoint had none, and PEFT keeps it with the classifier,
