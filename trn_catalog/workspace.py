@@ -16,6 +16,13 @@ RUNTIME_NAME = "neuron-torch"
 # hands torchrun the rank-0 host <trainjob>-node-0-0.<trainjob>. trnctl selects a job's pods by
 # the replicated job's name. The release's own value is in trn_catalog.crds.trainer_job().
 TRAINER_CONTAINER = "node"
+# The longest TrainJob name: a DNS-1035 label. JobSet names each pod's hostname
+# <jobset>-<replicated job>-<job index>-<pod index>, itself a DNS label of at most 63
+# characters; with the replicated job "node", job index 0 and up to 3 digits of pod index that
+# leaves 63 - len("-node-0-999") = 52 characters for the name (derived, not a documented limit).
+TRAINJOB_MAX_NAME = 63 - len(f"-{TRAINER_CONTAINER}-0-999")
+# The label of the objects trnctl makes and manages (TrainJobs, pipelines' CronJobs).
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # The label that marks the runtime's trainer job (pkg/constants: LabelTrainJobAncestor,
 # AncestorTrainer): only that job's pods get the TrainJob's image, node count and ranks.
 TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"

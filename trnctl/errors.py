@@ -8,6 +8,8 @@ resource does not exist.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import IntEnum
 
 from boto3.exceptions import Boto3Error
@@ -22,6 +24,8 @@ from botocore.exceptions import (
     TokenRetrievalError,
     WaiterError,
 )
+
+from trn_catalog.settings import SettingError
 
 
 class ExitCode(IntEnum):
@@ -38,6 +42,26 @@ class TrnctlError(Exception):
     def __init__(self, message: str, exit_code: ExitCode = ExitCode.USAGE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# How the commands name settings that are not options of their own.
+_SETTING_NAMES = {"name": "pipeline name", "training": "training settings"}
+
+
+def option_of(setting: str) -> str:
+    """The command-line name of ``setting``: ``--eval-data`` for ``eval_data``."""
+    return _SETTING_NAMES.get(setting, "--" + setting.replace("_", "-"))
+
+
+@contextmanager
+def settings_as_usage(name: Callable[[str], str] = option_of) -> Iterator[None]:
+    """Turns a :class:`SettingError` of the shared checks (trn_catalog) into a USAGE
+    :class:`TrnctlError` whose message shows each setting as ``name`` does (default: the
+    command's option; ``str`` where the caller passed the option's name already)."""
+    try:
+        yield
+    except SettingError as error:
+        raise TrnctlError(error.render(name)) from None
 
 
 # Error codes differ by service (EC2 says UnauthorizedOperation, JSON services say

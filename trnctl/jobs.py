@@ -12,7 +12,6 @@ the pod's CPU request, or ``auto``).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,14 +22,14 @@ import jsonschema
 import yaml
 
 import trn_catalog
-from trn_catalog import crds
+from trn_catalog import crds, pipelines
 from trn_catalog import devices as device_modes
 from trn_catalog import workspace as ws
 from trn_catalog.gpu_instances import GpuInstanceSpec
 from trn_catalog.instances import InstanceSpec
 from trn_catalog.outputs import EnvironmentOutputs
 from trnctl import models, placement
-from trnctl.errors import ExitCode, TrnctlError
+from trnctl.errors import ExitCode, TrnctlError, settings_as_usage
 
 KIND = "TrainJob"
 PLURAL = "trainjobs"
@@ -41,7 +40,7 @@ RUNTIME_PLURAL = "trainingruntimes"
 JOBSET_NAME_LABEL = placement.JOBSET_NAME_LABEL
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_LABEL = ws.MANAGED_BY_LABEL
 PRESET_LABEL = "trn-platform/preset"
 MODEL_LABEL = "trn-platform/model"
 # What a job reads, resolved when it was submitted: the data's path under the datasets mount
@@ -60,12 +59,9 @@ TARGET_LABEL = "trn-platform/target"
 TRN, GPU = "trn", "gpu"
 TARGETS = (TRN, GPU)
 
-# DNS-1035 label (TrainJob and JobSet names). JobSet names each pod's hostname
-# <jobset>-<replicated job>-<job index>-<pod index>, itself a DNS label of at most 63
-# characters; with the replicated job "node", job index 0 and up to 3 digits of pod index that
-# leaves 63 - len("-node-0-999") = 52 characters for the name (derived, not a documented limit).
+# DNS-1035 label (TrainJob and JobSet names), of at most ws.TRAINJOB_MAX_NAME characters.
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME = 63 - len(f"-{ws.TRAINER_CONTAINER}-0-999")
+MAX_NAME = ws.TRAINJOB_MAX_NAME
 
 
 def validate_name(name: str) -> str:
@@ -105,8 +101,9 @@ class TrainingArgs:
 
     Raises:
         TrnctlError: USAGE, on construction, for a combination ``trn-train run`` would refuse
-            (``max_steps`` with ``epochs`` among them) or a LoRA rank below 1 or alpha not
-            above 0.
+            (``max_steps`` with ``epochs`` among them) or a value below what it takes
+            (:func:`trn_catalog.pipelines.check_training`: a LoRA rank below 1, alpha not above
+            0).
     """
 
     preset: str | None
@@ -130,22 +127,10 @@ class TrainingArgs:
         if (self.preset is None) == (self.model is None):
             raise TrnctlError("pass exactly one of --preset and --model")
         self._check_task()
-        if self.max_steps is not None and self.epochs is not None:
-            raise TrnctlError(
-                "--max-steps and --epochs exclude each other: --epochs derives the steps from "
-                "the data; give one"
-            )
-        if self.lora_rank is None and self.lora_alpha is not None:
-            raise TrnctlError("--lora-alpha needs --lora-rank")
-        if self.lora_rank is not None:
-            if self.model is None:
-                raise TrnctlError("--lora-rank needs --model (LoRA fine-tunes a staged model)")
-            if self.lora_rank < 1:
-                raise TrnctlError(f"--lora-rank {self.lora_rank} is not allowed; use 1 or more")
-        if self.lora_alpha is not None and not (0 < self.lora_alpha < math.inf):
-            raise TrnctlError(
-                f"--lora-alpha {self.lora_alpha:g} is not allowed; use a number above 0"
-            )
+        if self.lora_rank is not None and self.model is None:
+            raise TrnctlError("--lora-rank needs --model (LoRA fine-tunes a staged model)")
+        with settings_as_usage():
+            pipelines.check_training({key: getattr(self, key) for key in pipelines.TRAINING_FIELDS})
 
     def _check_task(self) -> None:
         from trainer.config import CLASS_WEIGHTS, TASKS

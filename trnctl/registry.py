@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trn_catalog import hf_models as hf
+from trn_catalog import refs
 from trnctl import models, transfer, versioning
-from trnctl.errors import ExitCode, TrnctlError
+from trnctl.errors import ExitCode, TrnctlError, settings_as_usage
 from trnctl.transfer import Copy, S3Prefix, Upload
 from trnctl.versioning import MODELS, Ref
 
@@ -45,16 +46,8 @@ def model_ref(text: str, option: str, *, bare: bool = True) -> Ref:
     Raises:
         TrnctlError: USAGE, naming ``option``, for anything else.
     """
-    plain = text.strip().rstrip("/")
-    if bare and "/" not in plain:
-        plain = f"{MODELS}/{plain}"
-    ref = versioning.parse(plain, MODELS, option)
-    if ref is None:
-        raise TrnctlError(
-            f"{option} {text!r} is not models/NAME or models/NAME@vN (a model staged with "
-            "trnctl model stage DIR NAME --env E)"
-        )
-    return ref
+    with settings_as_usage(str):
+        return Ref(MODELS, *refs.split_model(text, option, bare=bare))
 
 
 def stage_command(ref: Ref, env: str) -> str:

@@ -25,22 +25,20 @@ flight.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from trn_catalog import hf_models as hf
-from trnctl.errors import ExitCode, TrnctlError
+from trn_catalog import refs
+from trnctl.errors import ExitCode, TrnctlError, settings_as_usage
 from trnctl.transfer import S3Prefix
 
-DATASETS = "datasets"
-MODELS = hf.MODELS_PREFIX
+DATASETS = refs.DATASETS
+MODELS = refs.MODELS
 RECORDS_DIR = "versions"
 LATEST = "latest"
 STAGING, COMPLETE = "staging", "complete"
-_VERSION = re.compile(r"^v([1-9][0-9]{0,8})$")
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 # Claims tried before giving up: each lost one means another stage took that number meanwhile.
 MAX_CLAIMS = 20
@@ -49,12 +47,6 @@ MAX_CLAIMS = 20
 def version_label(number: int) -> str:
     """``v3`` for 3."""
     return f"v{number}"
-
-
-def parse_version(text: str) -> int | None:
-    """3 for ``v3``; None for anything else."""
-    found = _VERSION.match(text)
-    return int(found.group(1)) if found else None
 
 
 @dataclass(frozen=True)
@@ -108,21 +100,9 @@ def parse(text: str, area: str, option: str) -> Ref | None:
     Raises:
         TrnctlError: USAGE, naming ``option``, for a bad NAME or version.
     """
-    head, slash, rest = text.strip().rstrip("/").partition("/")
-    if head != area or not slash:
-        return None
-    name, at, version = rest.partition("@")
-    if not hf.MODEL_NAME.match(name):
-        raise TrnctlError(
-            f"{option} {text!r}: {name!r} cannot name a versioned {area[:-1]}: use "
-            f"{hf.MODEL_NAME_RULE}"
-        )
-    if not at:
-        return Ref(area, name)
-    number = parse_version(version)
-    if number is None:
-        raise TrnctlError(f"{option} {text!r}: the version is vN, e.g. {area}/{name}@v3")
-    return Ref(area, name, number)
+    with settings_as_usage(str):
+        found = refs.split(text, area, option)
+    return None if found is None else Ref(area, *found)
 
 
 def now() -> str:
@@ -190,7 +170,7 @@ def records(s3: Any, bucket: str, ref: Ref) -> dict[int, dict[str, Any]]:
     found: dict[int, dict[str, Any]] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            number = parse_version(item["Key"][len(prefix) :].removesuffix(".json"))
+            number = refs.parse_version(item["Key"][len(prefix) :].removesuffix(".json"))
             record = get_json(s3, bucket, item["Key"]) if number is not None else None
             if number is not None and record is not None:
                 found[number] = record[0]
@@ -241,7 +221,7 @@ def latest(s3: Any, bucket: str, ref: Ref) -> tuple[int, str] | None:
     found = get_json(s3, bucket, f"{ref.root}/{LATEST}")
     if found is None:
         return None
-    number = parse_version(str(found[0].get("version", "")))
+    number = refs.parse_version(str(found[0].get("version", "")))
     if number is None:
         raise TrnctlError(
             f"s3://{bucket}/{ref.root}/{LATEST} names no version: {found[0]!r}", ExitCode.FAILED
