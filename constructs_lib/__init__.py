@@ -20,6 +20,12 @@ from constructs_lib.observability import (
     TrainingObservability,
     TrainingObservabilityProps,
 )
+from constructs_lib.pipeline import (
+    PipelineAccess,
+    PipelineAccessProps,
+    TrainingPipeline,
+    TrainingPipelineProps,
+)
 from constructs_lib.plugins import NeuronPlugins, NeuronPluginsProps
 from constructs_lib.preview import PreviewLifecycle, PreviewLifecycleProps
 from constructs_lib.training_image import TrainingImage, TrainingImageProps
@@ -47,6 +53,8 @@ __all__ = [
     "NeuronPluginsProps",
     "NodeGroupOptions",
     "NodeGroupSummary",
+    "PipelineAccess",
+    "PipelineAccessProps",
     "PreviewLifecycle",
     "PreviewLifecycleProps",
     "TrainingDataPaths",
@@ -57,6 +65,8 @@ __all__ = [
     "TrainingNetworkProps",
     "TrainingObservability",
     "TrainingObservabilityProps",
+    "TrainingPipeline",
+    "TrainingPipelineProps",
     "TrainingWorkspace",
     "TrainingWorkspaceProps",
     "TrainiumNodeGroup",

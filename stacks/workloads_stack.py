@@ -12,13 +12,13 @@ from constructs_lib import (
     GpuNodeGroup,
     NeuronCluster,
     NodeGroupSummary,
+    PipelineAccess,
     TrainingDataPaths,
     TrainingImage,
     TrainingObservability,
     TrainingWorkspace,
     TrainiumNodeGroup,
 )
-from constructs_lib.pipeline import PipelineAccess
 from platform_config import PlatformConfig
 from stacks._removal import removal_policy
 from trn_catalog.outputs import PREVIEW_REGIONS, EnvironmentOutputs, parameter_name

@@ -18,11 +18,13 @@ from constructs_lib import (
     NeuronCluster,
     NeuronPlugins,
     NodeGroupOptions,
+    PipelineAccess,
     PreviewLifecycle,
     TrainingDataPaths,
     TrainingImage,
     TrainingNetwork,
     TrainingObservability,
+    TrainingPipeline,
     TrainingWorkspace,
     TrainiumNodeGroup,
     WorkspaceOptions,
@@ -39,6 +41,8 @@ CONSTRUCTS = [
     (TrainingImage, constructs_lib.TrainingImageProps),
     (TrainingObservability, constructs_lib.TrainingObservabilityProps),
     (PreviewLifecycle, constructs_lib.PreviewLifecycleProps),
+    (PipelineAccess, constructs_lib.PipelineAccessProps),
+    (TrainingPipeline, constructs_lib.TrainingPipelineProps),
 ]
 # The same app twice: as written, and with a prop misspelled or mistyped in each kind of call (a
 # construct, a method that adds a node group, a method that adds a workspace).
@@ -48,7 +52,14 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 
-from constructs_lib import NeuronCluster, TrainingDataPaths, TrainingNetwork, TrainiumNodeGroup
+from constructs_lib import (
+    NeuronCluster,
+    PipelineAccess,
+    TrainingDataPaths,
+    TrainingNetwork,
+    TrainingPipeline,
+    TrainiumNodeGroup,
+)
 
 stack = cdk.Stack(cdk.App(), "Training")
 network = TrainingNetwork(
@@ -73,11 +84,35 @@ cluster.plugins.add_workspace(
     compile_cache_url=data.compile_cache_url,
     nodes=2,
 )
+access = PipelineAccess(
+    stack,
+    "Access",
+    cluster=cluster.icluster,
+    namespace="training",
+    environment="trn-dev",
+    role=data.pipeline_role,
+    alert_topic=cdk.aws_sns.Topic(stack, "Alerts"),
+    alert_key=cdk.aws_kms.Key(stack, "Key"),
+)
+TrainingPipeline(
+    stack,
+    "Weekly",
+    access=access,
+    pipeline_name="support",
+    schedule="@weekly",
+    model="models/llama",
+    data="datasets/tickets",
+    eval_data="datasets/tickets-eval",
+    gate="eval_loss <= current - 0.01",
+    image="210987654321.dkr.ecr.us-west-2.amazonaws.com/trainer:v1",
+    max_steps=50,
+)
 """
 MISTAKES = {
     "desired_size=4)": "desired_sise=4)",
     "max_size=8": 'max_size="8"',
     "nodes=2,": "node=2,",
+    "max_steps=50,": 'max_steps="50",',
 }
 # mypy reads our code but not aws-cdk-lib's (tens of megabytes of generated Python): the props'
 # names and our own types are what an app's mistakes are checked against.
@@ -150,4 +185,6 @@ def test_mypy_finds_a_misspelled_or_mistyped_prop_in_an_app(tmp_path: Path) -> N
         '"int | None"  [arg-type]',
         'Unexpected keyword argument "node" for "add_workspace" of "NeuronPlugins"; did you mean '
         '"nodes"?  [call-arg]',
+        'Argument "max_steps" to "TrainingPipeline" has incompatible type "str"; expected '
+        '"int | None"  [arg-type]',
     ], report
