@@ -102,12 +102,14 @@ def _add_prepare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     prep.add_argument("--input", help="with --tokenizer: the file to tokenize")
     prep.add_argument(
         "--format",
-        choices=["auto", "text", "jsonl", "chat", "classify"],
+        choices=["auto", "text", "jsonl", "chat", "classify", "interactions"],
         default="auto",
         help="with --tokenizer: chat (JSON lines of {'messages': [...]}), jsonl (of {'text': "
         "...}), text (the file is one document) or classify (of {'text': ..., 'label': ...} or "
         "{'text': ..., 'labels': [...]}: docs/classification.md); default %(default)s: chat or "
-        "jsonl by the first line's fields, else text",
+        "jsonl by the first line's fields, else text. Without --tokenizer: interactions "
+        "(--input of JSON lines or CSV with user_id, item_id, timestamp: "
+        "docs/recommendation.md)",
     )
     prep.add_argument(
         "--eval-fraction",
@@ -131,7 +133,31 @@ def _add_prepare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     prep.add_argument(
         "--shard-tokens",
         type=int,
-        help="tokens per shard; default 65536 (bytes), 16M (--tokenizer)",
+        help="tokens per shard; default 65536 (bytes), 16M (--tokenizer, interactions)",
+    )
+    _add_interactions_args(prep)
+
+
+def _add_interactions_args(prep: argparse.ArgumentParser) -> None:
+    """`prepare-data` flags of ``--format interactions``: the feature columns and the history."""
+    prep.add_argument(
+        "--user-features",
+        default="",
+        help="with --format interactions: comma list of categorical columns of the user (or "
+        "context) tower; default none",
+    )
+    prep.add_argument(
+        "--item-features",
+        default="",
+        help="with --format interactions: comma list of categorical columns of the item "
+        "tower; default none",
+    )
+    prep.add_argument(
+        "--history",
+        type=int,
+        default=8,
+        help="with --format interactions: previous items of the user fed to the user tower; "
+        "default %(default)s",
     )
 
 
@@ -140,7 +166,8 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "eval",
         help='loss over every example of a split, once: prints {"loss": L, "tokens": N, '
         '"examples": E}; of classification data {"loss", "accuracy" (multi-label: "micro_f1"), '
-        '"macro_f1", "examples"}',
+        '"macro_f1", "examples"}; of interactions data {"loss", "recall@K", "ndcg@K", "mrr", '
+        '"examples"} against every item',
     )
     source = ev.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", dest="model_dir", help="Hugging Face model directory")
@@ -159,6 +186,12 @@ def _add_eval_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     ev.add_argument("--micro-batch", type=int, default=8, help="rows per forward; default 8")
     ev.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default="auto")
+    ev.add_argument(
+        "--top-k",
+        type=int,
+        default=10,
+        help="of interactions data: the K of recall@K and NDCG@K; default %(default)s",
+    )
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -166,9 +199,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     each split when it cut or dropped an example."""
     from trainer import evaluation
     from trainer.classify import evaluate as classify_eval
+    from trainer.recommend import data as rec_data
 
     if classify_eval.is_classification_data(args.data):
         return _evaluate_classifier(args)
+    if rec_data.is_interactions_data(args.data):
+        return _evaluate_recommender(args)
     result = evaluation.run(
         data_dir=args.data,
         split=args.split,
@@ -209,27 +245,70 @@ def _evaluate_classifier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_recommender(args: argparse.Namespace) -> int:
+    """``trn-train eval`` of interactions data: the JSON line of
+    :func:`trainer.recommend.evaluate.run`.
+
+    Raises:
+        ValueError, trainer.checkpoint.CheckpointError: see
+            :func:`trainer.recommend.evaluate.run`.
+    """
+    from trainer.recommend import evaluate as rec_eval
+
+    figures = rec_eval.run(
+        model_dir=args.model_dir or "",
+        checkpoint_dir=args.checkpoint_dir or "",
+        data_dir=args.data,
+        split=args.split,
+        k=args.top_k,
+        micro_batch=args.micro_batch,
+        device_name=args.device,
+    )
+    print(json.dumps(figures))
+    return 0
+
+
 def _add_predict_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pred = sub.add_parser(
         "predict",
-        help="a classifier's label and scores for each JSON line of --input (a 'text' field)",
+        help="a classifier's label and scores for each JSON line of --input (a 'text' field); "
+        "an exported two-tower model's top-K items for each (a 'user_id' field)",
     )
     pred.add_argument(
-        "--model", dest="model_dir", required=True, help="*ForSequenceClassification directory"
+        "--model",
+        dest="model_dir",
+        required=True,
+        help="*ForSequenceClassification directory, or a two-tower export",
     )
-    pred.add_argument("--input", required=True, help="JSON lines with a 'text' field")
+    pred.add_argument(
+        "--input",
+        required=True,
+        help="JSON lines with a 'text' field (a classifier), or with 'user_id' and optionally "
+        "'history' (item ids, latest first) and the user features (a two-tower model)",
+    )
     pred.add_argument("--out", required=True, help="JSON lines: each input line and its prediction")
     pred.add_argument(
         "--seq-len", type=int, default=0, help="tokens kept of each text; 0 = as `run --model`"
     )
     pred.add_argument("--micro-batch", type=int, default=8, help="rows per forward; default 8")
     pred.add_argument("--device", choices=["auto", "neuron", "cuda", "cpu", "xla"], default="auto")
+    pred.add_argument(
+        "--top-k", type=int, default=10, help="two-tower: items per line; default %(default)s"
+    )
 
 
 def _predict(args: argparse.Namespace) -> int:
     """``trn-train predict``: prints {"out": FILE, "lines": N}."""
     from trainer.classify import evaluate as classify_eval
+    from trainer.recommend import evaluate as rec_eval
+    from trainer.recommend import export as rec_export
 
+    if rec_export.is_export(args.model_dir):
+        count = rec_eval.predict(
+            model_dir=args.model_dir, input_path=args.input, out=args.out, k=args.top_k
+        )
+        print(json.dumps({"out": args.out, "lines": count}))
+        return 0
     lines = classify_eval.predict(
         model_dir=args.model_dir,
         input_path=args.input,
@@ -258,7 +337,9 @@ def _add_hf_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--tokens", required=True, help="JSON file: a list of equal-length lists of token ids"
     )
     export = sub.add_parser(
-        "export", help="write the newest valid checkpoint of a --model run as a Hugging Face model"
+        "export",
+        help="write the newest valid checkpoint of a --model run as a Hugging Face model, or "
+        "of a --task recommend run as safetensors towers and item embeddings",
     )
     export.add_argument("--checkpoint-dir", required=True, help="path or s3:// URI")
     export.add_argument("--out", required=True, help="new or empty local directory")
@@ -360,7 +441,21 @@ def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         default=d.task,
         help="causal-lm (default): next-token prediction; classify: a classifier on --model "
         "(a decoder with a score head, or a BERT encoder), data of prepare-data --format "
-        "classify (docs/classification.md)",
+        "classify (docs/classification.md); recommend: a two-tower retrieval model, data of "
+        "prepare-data --format interactions (docs/recommendation.md)",
+    )
+    run.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=d.embedding_dim,
+        help="with --task recommend: width of every table and tower; default %(default)s",
+    )
+    run.add_argument(
+        "--temperature",
+        type=float,
+        default=d.temperature,
+        help="with --task recommend: the softmax temperature of the dot products; default "
+        "%(default)s",
     )
     run.add_argument(
         "--class-weights",
@@ -565,10 +660,15 @@ def _hf_command(args: argparse.Namespace) -> int:
     prints the written directory's files."""
     from trainer import hf_export
     from trainer.classify import export as classify_export
+    from trainer.recommend import export as rec_export
 
     if args.command == "score":
         loss, tokens = _score(args.model, args.tokens, args.base_model)
         print(json.dumps({"loss": loss, "tokens": tokens}))
+        return 0
+    if rec_export.is_recommend_run(args.checkpoint_dir):
+        files = rec_export.export_checkpoint(args.checkpoint_dir, args.out, best=args.best)
+        print(json.dumps({"out": args.out, "files": files}))
         return 0
     written = hf_export.export_checkpoint(
         args.checkpoint_dir,
@@ -615,6 +715,8 @@ def _prepare_data(args: argparse.Namespace) -> int:
     """
     from trainer import data
 
+    if args.format == "interactions":
+        return _prepare_interactions(args)
     if args.tokenizer is None:
         if args.format == "classify":
             raise ValueError("--format classify needs --tokenizer DIR: the model's tokenizer")
@@ -672,6 +774,40 @@ def _prepare_classify(args: argparse.Namespace) -> int:
     print(data.summary(manifest, args.out))
     print(classify_data.counts_line(manifest))
     return 0
+
+
+def _prepare_interactions(args: argparse.Namespace) -> int:
+    """``prepare-data --format interactions``: the summary line, then the users, items and
+    features.
+
+    Raises:
+        ValueError: ``--input`` missing, or ``--tokenizer``, ``--corpus`` or ``--eval-input``
+            given; see :func:`trainer.recommend.data.prepare`.
+    """
+    from trainer import data
+    from trainer.recommend import data as rec_data
+
+    if args.input is None or args.tokenizer or args.corpus or args.eval_input:
+        raise ValueError(
+            "--format interactions takes --input FILE (and --eval-fraction: the latest "
+            "interactions are held out), not --tokenizer, --corpus or --eval-input"
+        )
+    manifest = rec_data.prepare(
+        Path(args.out),
+        Path(args.input),
+        user_features=_names(args.user_features),
+        item_features=_names(args.item_features),
+        history=args.history,
+        eval_fraction=args.eval_fraction,
+        shard_tokens=args.shard_tokens or 1 << 24,
+    )
+    print(data.summary(manifest, args.out))
+    print(rec_data.summary_line(manifest))
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def compile_config(args: argparse.Namespace) -> TrainConfig:

@@ -9,8 +9,9 @@ from typing import Literal
 
 Parallel = Literal["ddp", "fsdp"]
 ACTIVATION_CHECKPOINTING = ("on", "off", "auto")
-# What a run trains: next-token prediction, or a classification head (trainer.classify).
-TASKS = ("causal-lm", "classify")
+# What a run trains: next-token prediction, a classification head (trainer.classify), or a
+# two-tower retrieval model (trainer.recommend).
+TASKS = ("causal-lm", "classify", "recommend")
 CLASS_WEIGHTS = ("none", "auto")
 # ``auto`` turns activation checkpointing on above this many parameters (~1e9: Llama-3.2-1B's
 # 1.24e9 and up). Our choice: below it a fine-tune's activations at the default sequence length
@@ -147,6 +148,11 @@ LORA_LR = 2e-4
 # which PEFT's and TRL's LoRA examples keep.
 WEIGHT_DECAY = 0.1
 LORA_WEIGHT_DECAY = 0.0
+# A two-tower run (task recommend): rows of interactions, whose in-batch negatives grow with the
+# micro batch (our choice: 256, a batch of rows costs little next to a token sequence), and
+# AdamW's rate for embedding tables and small MLPs; DDP, big tables being split row-wise across
+# the ranks by the model itself (trainer.recommend.sharding).
+RECOMMEND_DEFAULTS = RunDefaults(micro_batch=256, parallel="ddp", lr=3e-3)
 # The sequence length of a --model run without --seq-len, capped at max_position_embeddings.
 MODEL_SEQ_LEN = 2048
 # Steps of a run given neither max_steps nor epochs.
@@ -208,7 +214,11 @@ class TrainConfig:
     ``task``: ``causal-lm`` (default: next-token cross-entropy) or ``classify`` (a score head
     on ``model_dir``'s decoder, data of ``prepare-data --format classify``; see
     :mod:`trainer.classify`), whose cross-entropy ``class_weights`` ``auto`` weighs by inverse
-    class frequency (default ``none``). ``best_metric`` (default none) names an eval figure
+    class frequency (default ``none``), or ``recommend`` (a two-tower retrieval model of
+    ``embedding_dim`` (default 64) and softmax ``temperature`` (default 0.05) on data of
+    ``prepare-data --format interactions``; see :mod:`trainer.recommend`; micro batch, learning
+    rate and parallelism then default to :data:`RECOMMEND_DEFAULTS`). ``best_metric`` (default
+    none) names an eval figure
     (``eval_loss``, ``eval_accuracy``, ...): each eval that improves it writes a checkpoint
     that pruning keeps, which ``trn-train export --best`` reads.
 
@@ -254,9 +264,13 @@ class TrainConfig:
     task: str = "causal-lm"
     class_weights: str = "none"
     best_metric: str = ""
+    embedding_dim: int = 64
+    temperature: float = 0.05
 
     @property
     def _defaults(self) -> RunDefaults | Preset:
+        if self.task == "recommend":
+            return RECOMMEND_DEFAULTS
         return MODEL_DEFAULTS if self.model_dir else preset(self.preset)
 
     @property
@@ -358,6 +372,22 @@ class TrainConfig:
             raise ValueError("checkpoint_every needs checkpoint_dir")
         self._validate_task()
 
+    def _validate_recommend(self) -> None:
+        if self.model_dir or self.lora_rank is not None:
+            raise ValueError(
+                "task recommend trains its own two-tower model: model_dir and lora_rank do not "
+                "apply (docs/recommendation.md)"
+            )
+        if self.parallel == "fsdp":
+            raise ValueError(
+                "parallel 'fsdp' is not available with task recommend: it trains with ddp, "
+                "its embedding tables split row-wise across the ranks"
+            )
+        if self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        if not 0 < self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a number above 0, got {self.temperature}")
+
     def _validate_task(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task {self.task!r} is not one of {', '.join(TASKS)}")
@@ -372,11 +402,14 @@ class TrainConfig:
             )
         if self.class_weights != "none" and self.task != "classify":
             raise ValueError(f"class_weights {self.class_weights!r} needs task classify")
+        if self.task == "recommend":
+            self._validate_recommend()
         if self.best_metric and not (
             self.best_metric.startswith("eval_") and self.eval_every and self.checkpoint_dir
         ):
             raise ValueError(
                 f"best_metric {self.best_metric!r} names an eval record's figure (eval_loss; "
-                "classify: eval_accuracy, eval_macro_f1, eval_micro_f1) and needs eval_every "
-                "and checkpoint_dir"
+                "classify: eval_accuracy, eval_macro_f1, eval_micro_f1; recommend: "
+                "eval_recall@10, eval_ndcg@10, eval_mrr) and needs eval_every and "
+                "checkpoint_dir"
             )

@@ -249,7 +249,7 @@ def _export(
     task_writers: Mapping[str, TaskWriter],
 ) -> list[str]:
     dtype, limit, merge_lora = options.dtype, options.max_shard_bytes, options.merge_lora
-    name = _chosen(checkpointer, checkpoint_dir, options.best)
+    name = chosen(checkpointer, checkpoint_dir, options.best)
     carried = checkpointer.model_files_of(name)
     if hf_config.CONFIG not in carried:
         raise CheckpointError(
@@ -304,7 +304,7 @@ TaskWriter = Callable[
 ]
 
 
-def _chosen(checkpointer: Checkpointer, checkpoint_dir: str, best: bool) -> str:
+def chosen(checkpointer: Checkpointer, checkpoint_dir: str, best: bool) -> str:
     """The newest valid checkpoint, or with ``best`` the best by the run's ``best_metric``.
 
     Raises:

@@ -49,6 +49,8 @@ from trainer.data import Dataset, ShardError, open_dataset
 from trainer.metrics import MetricsLog, mfu, run_header, train_flops_per_token
 from trainer.model import GPT
 from trainer.model_spec import ModelSpec
+from trainer.recommend import task as recommend
+from trainer.recommend.data import is_interactions_data
 from trainer.task import Batch, Forward, Task
 
 
@@ -114,6 +116,8 @@ def open_dataset_per_node(
 
 
 def _model_label(cfg: TrainConfig) -> str:
+    if cfg.task == "recommend":
+        return "the two-tower model"
     return f"model {cfg.model_dir!r}" if cfg.model_dir else f"preset {cfg.preset!r}"
 
 
@@ -137,7 +141,10 @@ def flops_per_token(spec: ModelSpec, task: Task | None = None) -> float:
     :func:`trainer.metrics.train_flops_per_token`), counted on a model on the meta device with
     the run's LoRA adapters: the embedding lookups (learned positions, token types, and the
     input embedding unless it is the tied output head) are not matrix products; a LoRA run
-    trains the adapters only."""
+    trains the adapters only. Of a two-tower model: per interaction (see
+    :func:`trainer.recommend.task.flops_per_example`)."""
+    if isinstance(task, recommend.Recommend):
+        return recommend.flops_per_example(task.config, task.sampler.micro_batch)
     with torch.device("meta"):
         gpt = _new_model(spec.config, task)
         if spec.lora is not None:
@@ -221,8 +228,11 @@ def build_model(
     rank would), and torch's ``set_model_state_dict`` with ``broadcast_from_rank0`` sends each
     tensor from rank 0 to every rank, which keeps its shard. The RoPE tables (buffers that are
     not in the state) and a classifier's class weights are set again on every rank after
-    ``to_empty``.
+    ``to_empty``. A two-tower model is drawn with ``cfg.seed`` and trained with DDP (see
+    :func:`_two_tower`).
     """
+    if isinstance(task, recommend.Recommend):
+        return _two_tower(cfg, task, ranks, backend)
     if not (cfg.model_dir and _fsdp_sharded(cfg, ranks, backend)):
         gpt = _initial_model(cfg, spec, backend, task)
         model, forward = parallel.wrap(
@@ -254,6 +264,16 @@ def build_model(
         if isinstance(task, classify.Classify):
             task.set_class_weights(gpt)
     return model, forward
+
+
+def _two_tower(
+    cfg: TrainConfig, task: recommend.Recommend, ranks: parallel.Ranks, backend: device.Backend
+) -> tuple[torch.nn.Module, Forward]:
+    """The task's two-tower model, drawn with ``cfg.seed``, wrapped for data parallelism
+    (``ddp``); the task keeps the unwrapped model for its eval."""
+    torch.manual_seed(cfg.seed)
+    task.model = task.new_model()
+    return parallel.wrap(backend.prepare_model(task.model), ranks, "ddp", backend)
 
 
 @dataclass(frozen=True)
@@ -353,7 +373,7 @@ def set_up(cfg: TrainConfig) -> Run:
     started_at, started = datetime.now(UTC), time.perf_counter()  # the run header's clock
     spec = model_spec.resolve(cfg)
     ranks = parallel.ranks_from_env()
-    backend, num_params = _start_backend(cfg, spec.config, ranks)
+    backend, num_params = _start_backend(cfg, _planned_params(cfg, spec.config), ranks)
     control = parallel.control_group(ranks)
     dataset = _open_data(cfg, spec.config, ranks, control)
     task, max_steps, data = _task(cfg, spec.config, dataset, ranks, backend, control)
@@ -408,15 +428,22 @@ def _best_so_far(cfg: TrainConfig, checkpointer: Checkpointer | None) -> Best | 
     return best
 
 
+def _planned_params(cfg: TrainConfig, model: ModelConfig) -> int:
+    """The parameter count of the run's model: the decoder's, or of a two-tower run the one
+    its data's tables make (:func:`trainer.recommend.task.planned_params`)."""
+    if cfg.task == "recommend":
+        return recommend.planned_params(cfg)
+    return _num_params(model)
+
+
 def _start_backend(
-    cfg: TrainConfig, model: ModelConfig, ranks: parallel.Ranks
+    cfg: TrainConfig, num_params: int, ranks: parallel.Ranks
 ) -> tuple[device.Backend, int]:
-    """The device backend, checked against the instance type and the plan (strategy and model
-    size), its compile fitted, the process group joined and the device started; and the
-    model's parameter count."""
+    """The device backend, checked against the instance type and the plan (strategy and
+    ``num_params``, the model's size), its compile fitted, the process group joined and the
+    device started; and ``num_params`` back."""
     backend = device.resolve(cfg.device, compile_backend=cfg.compile, local_rank=ranks.local_rank)
     backend.check_instance(cfg.instance_type)
-    num_params = _num_params(model)
     backend.check_plan(
         strategy=cfg.parallelism,
         model=_model_label(cfg),
@@ -440,6 +467,8 @@ def _open_data(
             :func:`trainer.tokenizing.check_data_for_model`.
     """
     dataset = open_dataset_per_node(cfg.data, ranks, control, verify=cfg.verify_data)
+    if cfg.task == "recommend":
+        return dataset  # ids, not tokens: the task checks them against its tables
     if cfg.model_dir:
         tokenizing.check_data_for_model(cfg.data, cfg.model_dir)
     elif dataset.vocab_size > model.vocab_size:
@@ -471,6 +500,8 @@ def _run_config(
     )
     if isinstance(task, classify.Classify):
         run.update(task.run_fields(cfg.class_weights))
+    if isinstance(task, recommend.Recommend):
+        run.update(task.run_fields())
     return run
 
 
@@ -483,20 +514,30 @@ def _task(
     control: dist.ProcessGroup | None,
 ) -> tuple[Task, int, dict[str, object] | None]:
     """``cfg.task``'s task on ``dataset``, the run's steps and the run header's summary of its
-    data: the causal LM (:func:`_causal_lm`) or classification
-    (:func:`trainer.classify.task.build`).
+    data: the causal LM (:func:`_causal_lm`), classification
+    (:func:`trainer.classify.task.build`) or recommendation
+    (:func:`trainer.recommend.task.build`).
 
     Raises:
-        ValueError: classification data for the causal LM; see :func:`_causal_lm` and
-            :func:`trainer.classify.task.build`.
+        ValueError: classification or interactions data for another task; see
+            :func:`_causal_lm`, :func:`trainer.classify.task.build` and
+            :func:`trainer.recommend.task.build`.
     """
     if cfg.task == "classify":
         task, max_steps = classify.build(cfg, model, dataset, ranks, backend, control)
         return task, max_steps, task.summary()
+    if cfg.task == "recommend":
+        rec, max_steps = recommend.build(cfg, dataset, ranks, backend, control)
+        return rec, max_steps, rec.summary()
     if is_classification_data(cfg.data):
         raise ValueError(
             f"--data {cfg.data} is classification data (prepare-data --format classify): "
             "train it with --task classify"
+        )
+    if is_interactions_data(cfg.data):
+        raise ValueError(
+            f"--data {cfg.data} is interactions data (prepare-data --format interactions): "
+            "train it with --task recommend"
         )
     return _causal_lm(cfg, model, dataset, ranks, backend)
 
@@ -526,13 +567,16 @@ def _causal_lm(
 
 def _checkpointer(cfg: TrainConfig) -> Checkpointer | None:
     """The checkpointer of ``cfg.checkpoint_dir`` (None without one), carrying a ``--model``
-    run's model files and base directory."""
+    run's model files and base directory, or a two-tower run's id maps (for its export)."""
     if not cfg.checkpoint_dir:
         return None
+    carried = hf.carried_files(cfg.model_dir) if cfg.model_dir else ()
+    if cfg.task == "recommend":
+        carried = recommend.carried_files(cfg.data)
     return Checkpointer(
         open_store(cfg.checkpoint_dir),
         cfg.keep_checkpoints,
-        hf.carried_files(cfg.model_dir) if cfg.model_dir else (),
+        carried,
         # Absolute: an export from another working directory reads the base from it.
         str(Path(cfg.model_dir).resolve()) if cfg.model_dir else "",
     )
@@ -586,8 +630,10 @@ def _throughput(
         print(f"trn-train: run settings {json.dumps(settings)}", file=sys.stderr)
     precision = backend.precision()
     rows_per_step = cfg.batch_per_rank * cfg.grad_accum * ranks.world_size
-    examples = rows_per_step if isinstance(task, classify.Classify) else None
-    throughput = Throughput(spec.config.seq_len * rows_per_step, flops, peak, precision, examples)
+    examples = rows_per_step if isinstance(task, classify.Classify | recommend.Recommend) else None
+    # A two-tower run's "token" is an interaction: its speed and MFU are per interaction.
+    per_row = 1 if isinstance(task, recommend.Recommend) else spec.config.seq_len
+    throughput = Throughput(per_row * rows_per_step, flops, peak, precision, examples)
     return throughput, settings
 
 
@@ -607,13 +653,19 @@ def _header(
         world_size=ranks.world_size,
         device=backend.name,
         precision=throughput.precision,
-        model=Path(cfg.model_dir).name if cfg.model_dir else cfg.preset,
-        seq_len=model.seq_len,
+        model=_header_model(cfg),
+        seq_len=1 if cfg.task == "recommend" else model.seq_len,
         global_batch_tokens=throughput.tokens_per_step,
         flops_per_token=throughput.flops_per_token,
         peak_flops_per_rank=throughput.peak_flops,
         settings=settings,
     )
+
+
+def _header_model(cfg: TrainConfig) -> str:
+    if cfg.task == "recommend":
+        return "two-tower"
+    return Path(cfg.model_dir).name if cfg.model_dir else cfg.preset
 
 
 def _stream(task: Task, start: int, max_steps: int, accum: int) -> Iterator[Batch]:
