@@ -75,7 +75,57 @@ def open_per_rank(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
         return {"error": str(error)}
 
 
+def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
+    """A two-tower model with row-sharded tables against the same weights unsharded, each rank
+    on its own rows of one batch (one of rank 1's empty): the losses, the item and user vectors,
+    and the gradients after DDP's mean over ranks (done here by hand on every gradient the
+    sharded tables leave to it), saved as ``rank-N.pt``."""
+    import torch.distributed as dist
+
+    from trainer.recommend import sharding
+    from trainer.recommend.model import TwoTower, TwoTowerConfig
+
+    cfg = TwoTowerConfig(7, 11, (3,), (2,), history=2, dim=8, temperature=0.1)
+    features, counts = (torch.arange(11) % 3).unsqueeze(1), torch.arange(1, 12)
+    torch.manual_seed(0)
+    full = TwoTower(cfg, features, counts)
+    split = TwoTower(cfg, features, counts, sharding.sharded_tables())
+    state = full.state_dict()
+    for name, module in split.named_modules():
+        if isinstance(module, sharding.RowShardedEmbedding):
+            module.load_rows(state.pop(f"{name}.weight"))
+    split.load_state_dict(state, strict=False)
+    generator = torch.Generator().manual_seed(1)
+    columns = [7, 11, 12, 12, 4]  # user, item, history + 1 (two), region + 1
+    rows = torch.stack([torch.randint(0, n, (12,), generator=generator) for n in columns], 1)
+    mine = rows[6 * ranks.rank : 6 * (ranks.rank + 1)]
+    real = torch.tensor([True] * 5 + [ranks.rank == 0])
+    saved: dict[str, Any] = {}
+    for label, model in (("full", full), ("split", split)):
+        loss = model(mine, real)
+        loss.backward()
+        sharded = set(sharding.sharded_parameter_names(model))
+        grads = {}
+        for name, p in model.named_parameters():
+            grad = p.grad.clone()
+            if name not in sharded:
+                dist.all_reduce(grad)
+                grad /= ranks.world_size
+            grads[name] = grad
+        with torch.no_grad():
+            vectors = {"users": model.users(mine), "items": model.items(torch.arange(11))}
+        saved[label] = {"loss": loss.detach(), "grads": grads, **vectors}
+    ranges = {
+        name: [m.start, m.stop]
+        for name, m in split.named_modules()
+        if isinstance(m, sharding.RowShardedEmbedding)
+    }
+    torch.save({**saved, "ranges": ranges}, Path(job["out"], f"rank-{ranks.rank}.pt"))
+    return {"ranges": ranges}
+
+
 KINDS: dict[str, Callable[[dict[str, Any], parallel.Ranks], dict[str, Any]]] = {
+    "recommend_shards": recommend_shards,
     "cli": run_cli,
     "train_and_count": train_and_count,
     "open_per_node": open_per_node,

@@ -139,6 +139,7 @@ def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
             "kind": "train_and_count",
             "config": _compiled(two.corpus, root / "compiled-ddp", "ddp"),
         },
+        "recommend-shards": {"kind": "recommend_shards"},
         "compiled-fsdp": {
             "kind": "train_and_count",
             "config": _compiled(two.corpus, root / "compiled-fsdp", "fsdp"),
