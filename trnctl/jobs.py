@@ -43,6 +43,9 @@ JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 MANAGED_BY_LABEL = ws.MANAGED_BY_LABEL
 PRESET_LABEL = "trn-platform/preset"
 MODEL_LABEL = "trn-platform/model"
+TASK_LABEL = "trn-platform/task"  # a job that trains its own model (--task recommend)
+# The trainer's task whose model comes from its data, not from a preset or a staged model.
+RECOMMEND = "recommend"
 # What a job reads, resolved when it was submitted: the data's path under the datasets mount
 # (datasets/NAME/vN for a versioned dataset) and that version's manifest SHA-256, and the model
 # version (models/NAME/vN). Annotations: the values hold '/', which label values may not.
@@ -97,7 +100,8 @@ def generated_name(prefix: str, start: str, now: datetime) -> str:
 @dataclass(frozen=True)
 class TrainingArgs:
     """What ``trn-train run`` gets inside the job (see ``trainer.cli``): a ``preset`` or a staged
-    ``model`` (its NAME; exactly one), LoRA only with a model, ``max_steps`` or ``epochs``.
+    ``model`` (its NAME; exactly one, and neither for ``task`` recommend, whose two-tower model
+    the data's tables shape), LoRA only with a model, ``max_steps`` or ``epochs``.
 
     Raises:
         TrnctlError: USAGE, on construction, for a combination ``trn-train run`` would refuse
@@ -124,7 +128,13 @@ class TrainingArgs:
     best_metric: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.preset is None) == (self.model is None):
+        if self.task == RECOMMEND:
+            if self.preset is not None or self.model is not None:
+                raise TrnctlError(
+                    "--task recommend trains a two-tower model shaped by its data: leave out "
+                    "--preset and --model"
+                )
+        elif (self.preset is None) == (self.model is None):
             raise TrnctlError("pass exactly one of --preset and --model")
         self._check_task()
         if self.lora_rank is not None and self.model is None:
@@ -162,11 +172,11 @@ class TrainingArgs:
         checkpoints and metrics on FSx under the job's name, so that a resubmitted job with the
         same name resumes from its newest checkpoint."""
         data = self.data if self.data.startswith("/") else f"{ws.DATASETS_MOUNT}/{self.data}"
-        start = (
-            ["--preset", self.preset]
-            if self.preset is not None
-            else ["--model", models.pod_path(str(self.model))]
-        )
+        start: list[str] = []
+        if self.preset is not None:
+            start = ["--preset", self.preset]
+        elif self.model is not None:
+            start = ["--model", models.pod_path(str(self.model))]
         argv = [
             *start,
             "--data",

@@ -78,6 +78,21 @@ def test_a_model_job_reads_the_model_where_it_reads_its_data(
     jobs.check_schema(job)
 
 
+def test_a_recommendation_job_names_its_task_and_no_model(
+    deployed: None, no_kubernetes: None, trnctl: Any
+) -> None:
+    run = trnctl(*SUBMIT, "--task", "recommend", "--epochs", "3", "--name", "rec-1")
+
+    assert run.exit_code == 0, run.stderr
+    job = yaml.safe_load(run.stdout)
+    args = job["spec"]["trainer"]["args"]
+    assert args[:2] == ["--data", "/datasets/chats"]
+    assert args[-4:] == ["--epochs", "3", "--task", "recommend"]
+    assert job["metadata"]["labels"]["trn-platform/task"] == "recommend"
+    assert "trn-platform/preset" not in job["metadata"]["labels"]
+    jobs.check_schema(job)
+
+
 def test_lora_flags_pass_through(deployed: None, no_kubernetes: None, trnctl: Any) -> None:
     base = (*SUBMIT, "--model", "models/llama-3.2-1b/")
 
@@ -277,6 +292,8 @@ def test_bad_model_or_lora_options_are_one_line_usage_errors(
         ({"model": "m", "task": "regress"}, "--task 'regress' is unknown"),
         ({"model": "m", "class_weights": "auto"}, "--class-weights needs --task classify"),
         ({"model": "m", "task": "classify", "class_weights": "x"}, "--class-weights 'x'"),
+        ({"preset": "tiny", "task": "recommend"}, "--task recommend trains a two-tower model"),
+        ({"model": "m", "task": "recommend"}, "leave out --preset and --model"),
     ],
 )
 def test_training_args_refuse_what_trn_train_would(kwargs: dict[str, Any], match: str) -> None:
@@ -284,6 +301,19 @@ def test_training_args_refuse_what_trn_train_would(kwargs: dict[str, Any], match
     with pytest.raises(TrnctlError, match=match) as e:
         jobs.TrainingArgs(**fields)
     assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_the_trainer_parses_a_recommendation_job_s_arguments() -> None:
+    """A --task recommend job names neither a preset nor a model: its data shapes the model."""
+    from trainer.cli import _parser, train_config
+
+    args = jobs.TrainingArgs(None, "clicks", epochs=2, task="recommend", eval_every=50)
+    argv = args.argv("rec-1")
+
+    assert "--preset" not in argv and "--model" not in argv
+    config = train_config(_parser().parse_args(["run", *argv]))
+    assert (config.task, config.data, config.epochs) == ("recommend", "/datasets/clicks", 2)
+    assert config.batch_per_rank == 256
 
 
 def test_the_trainer_parses_a_model_job_s_arguments() -> None:

@@ -133,9 +133,11 @@ def job_submit(
         str | None,
         typer.Option(
             "--task",
-            help="causal-lm (default) or classify: a classifier on --model (a decoder with a "
+            help="causal-lm (default); classify: a classifier on --model (a decoder with a "
             "score head, or a BERT encoder), data prepared with `trn-train prepare-data "
-            "--format classify` (docs/classification.md).",
+            "--format classify` (docs/classification.md); recommend: a two-tower model (no "
+            "--preset or --model), data prepared with `trn-train prepare-data --format "
+            "interactions` (docs/recommendation.md).",
         ),
     ] = None,
     class_weights: Annotated[
@@ -272,9 +274,11 @@ def job_submit(
     spec = _spec_of(outputs, target)
     count = _node_count(outputs, nodes, target, ultraserver)
     args, notes, what = _resolve(args, outputs, model, env)
-    start = preset or model_name or ""
+    start = preset or model_name or task or ""
     job_name = name or jobs.generated_name("train", start, datetime.now(UTC))
     label = jobs.PRESET_LABEL if preset is not None else jobs.MODEL_LABEL
+    if task == jobs.RECOMMEND:
+        label = jobs.TASK_LABEL
     job = jobs.render(
         name=jobs.validate_name(job_name),
         outputs=outputs,
@@ -309,7 +313,8 @@ def _resolve(
         notes[jobs.DATA_SHA256_ANNOTATION] = data.manifest_sha256
     read = f", data {data.version}" if data.version else ""
     if model is None:
-        return dataclasses.replace(args, data=data.path), notes, f"preset {args.preset}{read}"
+        what = "two-tower model" if args.task == jobs.RECOMMEND else f"preset {args.preset}"
+        return dataclasses.replace(args, data=data.path), notes, f"{what}{read}"
     found = registry.resolve(s3, outputs.datasets_bucket, model, env)
     notes[jobs.MODEL_VERSION_ANNOTATION] = found.path
     under = found.path.removeprefix(f"{versioning.MODELS}/")
