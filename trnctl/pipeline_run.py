@@ -94,12 +94,15 @@ class Services:
 
 
 class Stop(Exception):
-    """The run ends here with ``status`` (skipped or failed) for ``reason``."""
+    """The run ends here with ``status`` (skipped or failed) for ``reason``, published to the
+    alert topic unless ``publish`` is False (default True): a week without new data is the
+    usual case, not news."""
 
-    def __init__(self, status: str, reason: str) -> None:
+    def __init__(self, status: str, reason: str, *, publish: bool = True) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.publish = publish
 
 
 @dataclass
@@ -201,14 +204,16 @@ class Run:
         try:
             self._steps()
         except Stop as stop:
-            self.finish(stop.status, stop.reason)
+            self.finish(stop.status, stop.reason, publish=stop.publish)
         except TrnctlError as error:
             self.finish(FAILED, str(error))
         return self.record
 
-    def finish(self, status: str, reason: str) -> None:
+    def finish(self, status: str, reason: str, *, publish: bool = True) -> None:
+        """Records the run's end with ``status`` and ``reason``, and publishes it unless it
+        was promoted or ``publish`` is False."""
         self.step(status, reason, status=status, reason=reason, finished_at=versioning.now())
-        if status != PROMOTED:
+        if publish and status != PROMOTED:
             self._publish(status, reason)
 
     def _publish(self, status: str, reason: str) -> None:
@@ -241,7 +246,11 @@ class Run:
             if r.get("status") in TRAINED
         ]
         if trained and trained[-1] == str(data.version):
-            raise Stop(SKIPPED, f"no new data: {data.version} is what the last run trained on")
+            raise Stop(
+                SKIPPED,
+                f"no new data: {data.version} is what the last run trained on",
+                publish=False,
+            )
         self.step("data", f"training on {data.version}", data=str(data.version))
         return data
 

@@ -227,6 +227,7 @@ def test_no_new_data_is_skipped_without_training(env: dict[str, Any]) -> None:
     assert record["status"] == "skipped"
     assert record["reason"] == "no new data: datasets/tickets@v1 is what the last run trained on"
     assert env["cluster"].creates("train") == 1
+    assert published(env) == []
 
 
 @pytest.mark.parametrize("kill_at", [0, 1, 2])
