@@ -92,7 +92,10 @@ def pipeline_create(
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="Print the CronJob as YAML; call no AWS or Kubernetes API."),
+        typer.Option(
+            "--dry-run",
+            help="Print the CronJob as YAML: read the environment's outputs (SSM), apply nothing.",
+        ),
     ] = False,
     region: RegionOption = None,
 ) -> None:
