@@ -79,13 +79,14 @@ def render(results: Mapping[str, Any]) -> str:
         f"- machine: {run.get('machine', 'unknown')}",
         f"- load average (1, 5, 15 min) before: {run.get('load_before', 'unknown')}; "
         f"after: {run.get('load_after', 'unknown')}",
-        f"- exit status: {run.get('exit_status', 'unknown')}",
+        f"- exit status: {run.get('exit_status', 'unknown')} "
+        f"(scripts that exited non-zero: {run.get('failed', 'unknown')})",
     ]
     for key, title in SECTIONS.items():
         section = results.get(key)
         lines += ["", f"## {key}: {title}", ""]
         if not isinstance(section, Mapping):
-            lines.append("Not run (an earlier benchmark stopped `make bench`).")
+            lines.append("Not run (no section in the results file).")
             continue
         lines += section_table(section)
         if section.get("command"):

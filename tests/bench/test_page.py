@@ -21,6 +21,7 @@ RESULTS = {
         "load_before": "1.0, 2.0, 3.0",
         "load_after": "2.0, 2.0, 2.0",
         "exit_status": 1,
+        "failed": "hf_bench.py",
     },
     "synth": {"make_synth_s": 41.27, "ratio": 1.71, "rounds": 5, "command": "python x"},
     "fine_tuning": {
@@ -49,7 +50,7 @@ def test_the_page_names_the_run_that_made_it(page: ModuleType) -> None:
     assert "- started: 2026-12-02 09:30 UTC; finished: 2026-12-02 09:58 UTC" in text
     assert "- machine: AMD EPYC 7B13, 2 cores, 23 GiB memory, Python 3.11.7" in text
     assert "- command: `make bench` at commit 85e26dd1a2b3" in text
-    assert "- exit status: 1" in text
+    assert "- exit status: 1 (scripts that exited non-zero: hf_bench.py)" in text
 
 
 def test_each_figure_is_shown_with_its_goal_and_whether_it_was_met(page: ModuleType) -> None:
@@ -67,7 +68,7 @@ def test_each_figure_is_shown_with_its_goal_and_whether_it_was_met(page: ModuleT
 def test_a_benchmark_that_did_not_run_is_named(page: ModuleType) -> None:
     text = page.render(RESULTS)
     trainer = text.split("## trainer:", 1)[1].split("##", 1)[0]
-    assert "Not run (an earlier benchmark stopped `make bench`)." in trainer
+    assert "Not run (no section in the results file)." in trainer
 
 
 def test_the_script_writes_the_page_from_the_results_file(page: ModuleType, tmp_path: Path) -> None:
