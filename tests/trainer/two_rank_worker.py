@@ -76,10 +76,11 @@ def open_per_rank(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
 
 
 def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
-    """A two-tower model with row-sharded tables against the same weights unsharded, each rank
-    on its own rows of one batch (one of rank 1's empty): the losses, the item and user vectors,
-    and the gradients after DDP's mean over ranks (done here by hand on every gradient the
-    sharded tables leave to it), saved as ``rank-N.pt``."""
+    """A two-tower model with row-sharded tables against the unsharded one drawn from the same
+    seed, each rank on its own rows of one batch (one of rank 1's empty): the losses, the item
+    and user vectors, and the gradients after DDP's mean over ranks (done here by hand on
+    every gradient the sharded tables leave to it, a sharded table's under its table's
+    ``.weight``), saved as ``rank-N.pt``."""
     import torch.distributed as dist
 
     from trainer.recommend import sharding
@@ -89,12 +90,8 @@ def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, An
     features, counts = (torch.arange(11) % 3).unsqueeze(1), torch.arange(1, 12)
     torch.manual_seed(0)
     full = TwoTower(cfg, features, counts)
+    torch.manual_seed(0)
     split = TwoTower(cfg, features, counts, sharding.sharded_tables())
-    state = full.state_dict()
-    for name, module in split.named_modules():
-        if isinstance(module, sharding.RowShardedEmbedding):
-            module.load_rows(state.pop(f"{name}.weight"))
-    split.load_state_dict(state, strict=False)
     generator = torch.Generator().manual_seed(1)
     columns = [7, 11, 12, 12, 4]  # user, item, history + 1 (two), region + 1
     rows = torch.stack([torch.randint(0, n, (12,), generator=generator) for n in columns], 1)
@@ -108,7 +105,9 @@ def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, An
         grads = {}
         for name, p in model.named_parameters():
             grad = p.grad.clone()
-            if name not in sharded:
+            if name in sharded:
+                name = f"{name.rsplit('.', 1)[0]}.weight"
+            else:
                 dist.all_reduce(grad)
                 grad /= ranks.world_size
             grads[name] = grad

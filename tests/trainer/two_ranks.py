@@ -74,6 +74,7 @@ class TwoRanks:
     numbered: Path
     short: Path
     chat: Path
+    interactions: Path
     done: list[subprocess.CompletedProcess[str]]
 
     def results(self, job: str) -> list[dict[str, Any]]:
@@ -127,6 +128,30 @@ def _eval_run(chat: Path, out: Path) -> list[str]:
     ]
 
 
+def write_interactions(root: Path) -> Path:
+    """tests/trainer/test_recommend_data.py's preference structure, 40 users of 10
+    interactions, prepared with a user and an item feature and the latest 10% held out."""
+    from test_recommend_data import interactions, write_jsonl
+
+    from trainer.recommend import data as rec_data
+
+    root.mkdir(parents=True, exist_ok=True)
+    source = write_jsonl(root / "i.jsonl", interactions(users=40, items=60, per_user=10))
+    features = {"user_features": ["region"], "item_features": ["category"], "history": 3}
+    rec_data.prepare(root / "data", source, **features)
+    return root / "data"
+
+
+def _recommend_run(data: Path, out: Path, shard: str) -> list[str]:
+    """A two-tower run on two ranks, its tables split across them or not."""
+    return [
+        *["run", "--task", "recommend", "--device", "cpu", "--compile", "none"],
+        *["--data", str(data), "--max-steps", "6", "--micro-batch", "8", "--embedding-dim", "8"],
+        *["--log-every", "1", "--eval-every", "3", "--shard-embeddings", shard],
+        *["--metrics", str(out / "m.jsonl"), "--checkpoint-dir", str(out / "ck")],
+    ]
+
+
 def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
     root = two.root
     return {
@@ -140,6 +165,14 @@ def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
             "config": _compiled(two.corpus, root / "compiled-ddp", "ddp"),
         },
         "recommend-shards": {"kind": "recommend_shards"},
+        "recommend-ddp": {
+            "kind": "cli",
+            "argv": _recommend_run(two.interactions, root / "recommend-ddp", "off"),
+        },
+        "recommend-split": {
+            "kind": "cli",
+            "argv": _recommend_run(two.interactions, root / "recommend-split", "on"),
+        },
         "compiled-fsdp": {
             "kind": "train_and_count",
             "config": _compiled(two.corpus, root / "compiled-fsdp", "fsdp"),
@@ -161,9 +194,10 @@ def launch(root: Path, corpus: Path, env: dict[str, str]) -> TwoRanks:
     truncated = short / "shard_00001.bin"
     truncated.write_bytes(truncated.read_bytes()[:-2])
     chat = write_chat(root / "chat")
-    two = TwoRanks(root, corpus, corrupt, numbered, short, chat, [])
+    interactions = write_interactions(root / "interactions")
+    two = TwoRanks(root, corpus, corrupt, numbered, short, chat, interactions, [])
     listed = {name: {**job, "out": str(root / name)} for name, job in jobs(two).items()}
     (root / "jobs.json").write_text(json.dumps(listed))
     argv = [sys.executable, str(WORKER), str(root / "jobs.json")]
     done = warm.run_ranks(argv, env=env, world=2, cwd=root, timeout=600)
-    return TwoRanks(root, corpus, corrupt, numbered, short, chat, done)
+    return TwoRanks(root, corpus, corrupt, numbered, short, chat, interactions, done)

@@ -29,6 +29,7 @@ from trainer.config import (
     CLASS_WEIGHTS,
     DEFAULT_MAX_STEPS,
     PRESETS,
+    SHARD_EMBEDDINGS,
     TASKS,
     TrainConfig,
 )
@@ -379,6 +380,7 @@ def _add_training_args(run: argparse.ArgumentParser) -> None:
     for add in (
         _add_model_args,
         _add_task_args,
+        _add_recommend_args,
         _add_data_args,
         _add_optimizer_args,
         _add_output_args,
@@ -432,18 +434,9 @@ def _add_model_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
     )
 
 
-def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
-    """`run` and `compile` flags: the task (next-token prediction or classification), its
-    class weights, and the eval figure that picks the best checkpoint."""
-    run.add_argument(
-        "--task",
-        choices=TASKS,
-        default=d.task,
-        help="causal-lm (default): next-token prediction; classify: a classifier on --model "
-        "(a decoder with a score head, or a BERT encoder), data of prepare-data --format "
-        "classify (docs/classification.md); recommend: a two-tower retrieval model, data of "
-        "prepare-data --format interactions (docs/recommendation.md)",
-    )
+def _add_recommend_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags of ``--task recommend``: the model's width and temperature,
+    and whether its tables are split across the ranks."""
     run.add_argument(
         "--embedding-dim",
         type=int,
@@ -456,6 +449,28 @@ def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
         default=d.temperature,
         help="with --task recommend: the softmax temperature of the dot products; default "
         "%(default)s",
+    )
+    run.add_argument(
+        "--shard-embeddings",
+        choices=SHARD_EMBEDDINGS,
+        default=d.shard_embeddings,
+        help="with --task recommend on several ranks: split every embedding table row-wise "
+        "across them; auto (default) when the tables' weights, gradients and AdamW state "
+        "outgrow one rank's device memory (known from --instance-type)",
+    )
+
+
+def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """`run` and `compile` flags: the task (next-token prediction or classification), its
+    class weights, and the eval figure that picks the best checkpoint."""
+    run.add_argument(
+        "--task",
+        choices=TASKS,
+        default=d.task,
+        help="causal-lm (default): next-token prediction; classify: a classifier on --model "
+        "(a decoder with a score head, or a BERT encoder), data of prepare-data --format "
+        "classify (docs/classification.md); recommend: a two-tower retrieval model, data of "
+        "prepare-data --format interactions (docs/recommendation.md)",
     )
     run.add_argument(
         "--class-weights",

@@ -13,6 +13,9 @@ ACTIVATION_CHECKPOINTING = ("on", "off", "auto")
 # two-tower retrieval model (trainer.recommend).
 TASKS = ("causal-lm", "classify", "recommend")
 CLASS_WEIGHTS = ("none", "auto")
+# Whether a two-tower run splits its embedding tables row-wise across the ranks: auto does when
+# their training state outgrows one rank's device memory (trainer.recommend.task.shards_tables).
+SHARD_EMBEDDINGS = ("auto", "on", "off")
 # ``auto`` turns activation checkpointing on above this many parameters (~1e9: Llama-3.2-1B's
 # 1.24e9 and up). Our choice: below it a fine-tune's activations at the default sequence length
 # fit next to the sharded state, above it they dominate device memory.
@@ -217,7 +220,9 @@ class TrainConfig:
     class frequency (default ``none``), or ``recommend`` (a two-tower retrieval model of
     ``embedding_dim`` (default 64) and softmax ``temperature`` (default 0.05) on data of
     ``prepare-data --format interactions``; see :mod:`trainer.recommend`; micro batch, learning
-    rate and parallelism then default to :data:`RECOMMEND_DEFAULTS`). ``best_metric`` (default
+    rate and parallelism then default to :data:`RECOMMEND_DEFAULTS`; ``shard_embeddings``,
+    default ``auto``, splits its tables row-wise across the ranks when they outgrow one rank's
+    device memory, ``on`` always with several ranks, ``off`` never). ``best_metric`` (default
     none) names an eval figure
     (``eval_loss``, ``eval_accuracy``, ...): each eval that improves it writes a checkpoint
     that pruning keeps, which ``trn-train export --best`` reads.
@@ -266,6 +271,7 @@ class TrainConfig:
     best_metric: str = ""
     embedding_dim: int = 64
     temperature: float = 0.05
+    shard_embeddings: str = "auto"
 
     @property
     def _defaults(self) -> RunDefaults | Preset:
@@ -385,6 +391,11 @@ class TrainConfig:
             )
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        if self.shard_embeddings not in SHARD_EMBEDDINGS:
+            raise ValueError(
+                f"shard_embeddings {self.shard_embeddings!r} is not one of "
+                f"{', '.join(SHARD_EMBEDDINGS)}"
+            )
         if not 0 < self.temperature < float("inf"):
             raise ValueError(f"temperature must be a number above 0, got {self.temperature}")
 
@@ -402,6 +413,8 @@ class TrainConfig:
             )
         if self.class_weights != "none" and self.task != "classify":
             raise ValueError(f"class_weights {self.class_weights!r} needs task classify")
+        if self.shard_embeddings == "on" and self.task != "recommend":
+            raise ValueError("shard_embeddings 'on' needs task recommend")
         if self.task == "recommend":
             self._validate_recommend()
         if self.best_metric and not (

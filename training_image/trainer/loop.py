@@ -269,11 +269,11 @@ def build_model(
 def _two_tower(
     cfg: TrainConfig, task: recommend.Recommend, ranks: parallel.Ranks, backend: device.Backend
 ) -> tuple[torch.nn.Module, Forward]:
-    """The task's two-tower model, drawn with ``cfg.seed``, wrapped for data parallelism
-    (``ddp``); the task keeps the unwrapped model for its eval."""
+    """The task's two-tower model (:meth:`trainer.recommend.task.Recommend.build_model`: its
+    tables split across the ranks or not), drawn with ``cfg.seed``, wrapped for data
+    parallelism (``ddp``)."""
     torch.manual_seed(cfg.seed)
-    task.model = task.new_model()
-    return parallel.wrap(backend.prepare_model(task.model), ranks, "ddp", backend)
+    return parallel.wrap(task.build_model(backend), ranks, "ddp", backend)
 
 
 @dataclass(frozen=True)
@@ -392,7 +392,9 @@ def set_up(cfg: TrainConfig) -> Run:
     )
     batches = backend.batches(_stream(task, start, max_steps, cfg.grad_accum))
     # FSDP2's state is sharded: each rank writes its shards rather than gathering on rank 0.
-    sharded = _fsdp_sharded(cfg, ranks, backend)
+    sharded = _fsdp_sharded(cfg, ranks, backend) or (
+        isinstance(task, recommend.Recommend) and task.sharded
+    )
     return Run(
         cfg=cfg,
         spec=spec,
@@ -432,7 +434,7 @@ def _planned_params(cfg: TrainConfig, model: ModelConfig) -> int:
     """The parameter count of the run's model: the decoder's, or of a two-tower run the one
     its data's tables make (:func:`trainer.recommend.task.planned_params`)."""
     if cfg.task == "recommend":
-        return recommend.planned_params(cfg)
+        return recommend.planned_params(cfg, parallel.ranks_from_env())
     return _num_params(model)
 
 
@@ -774,7 +776,7 @@ def train_step(run: Run, step: int, loss_sum: torch.Tensor) -> StepFigures:
         loss.backward()  # type: ignore[no-untyped-call]
         loss_sum += loss.detach()
     run.backend.reduce_gradients(run.optimizer, run.ranks.world_size)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+    grad_norm = parallel.clip_gradients(run.model, cfg.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.backend.step_boundary()

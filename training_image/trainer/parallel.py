@@ -162,6 +162,29 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
+# The attribute (True) of a parameter of which each rank holds other rows
+# (trainer.recommend.sharding): its gradient norm sums over the ranks.
+ROW_SHARDED = "row_sharded"
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clips ``model``'s gradients at a total norm of ``max_norm`` and returns the norm before
+    clipping: ``clip_grad_norm_``'s, except that parameters marked ``row_sharded`` (each rank
+    holds other rows of them: :mod:`trainer.recommend.sharding`) count every rank's rows, so
+    that every rank scales by the same factor and the replicated weights stay equal."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    split = [p.grad for p in params if p.grad is not None and getattr(p, ROW_SHARDED, False)]
+    if not split:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    whole = [p.grad for p in params if p.grad is not None and not getattr(p, ROW_SHARDED, False)]
+    squares = torch.nn.utils.get_total_norm(split) ** 2
+    dist.all_reduce(squares)
+    own = torch.nn.utils.get_total_norm(whole) ** 2 if whole else torch.zeros_like(squares)
+    total = (squares + own).sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
 def all_mean(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """Mean over ranks (a copy); ``value`` itself when there is one rank."""
     if not ranks.distributed:

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
 from trainer.recommend.data import ID_FILES, TASK, IdMaps, Layout
 from trainer.recommend.model import TwoTower, TwoTowerConfig
+from trainer.recommend.sharding import whole_tables
 
 CONFIG = "config.json"
 MODEL_TYPE = "two-tower"
@@ -47,10 +48,12 @@ def is_recommend_run(checkpoint_dir: str) -> bool:
 
 
 def from_checkpoint(checkpointer: Checkpointer, name: str) -> tuple[TwoTower, dict[str, object]]:
-    """The model of checkpoint ``name`` (on the CPU, in eval mode) and its run config.
+    """The model of checkpoint ``name`` (on the CPU, in eval mode; a split run's tables joined
+    whole) and its run config.
 
     Raises:
-        CheckpointError: the checkpoint is not of a ``--task recommend`` run, or unreadable.
+        CheckpointError: the checkpoint is not of a ``--task recommend`` run, unreadable, or
+            its state does not load.
     """
     run = checkpointer.run_of(name) or {}
     raw = run.get(TASK)
@@ -62,7 +65,10 @@ def from_checkpoint(checkpointer: Checkpointer, name: str) -> tuple[TwoTower, di
     cfg = TwoTowerConfig.from_dict(raw)
     state = checkpointer.load(name, verify=False, parts=("model",))["model"]
     model = _empty(cfg)
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(whole_tables(state))
+    except (RuntimeError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {name}: its model does not load ({error})") from error
     return model.eval(), run
 
 

@@ -18,6 +18,7 @@ Only ``all_gather`` and ``all_reduce`` are used: both are in every backend this 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.parallel import ROW_SHARDED
 from trainer.recommend.model import TableFactory
 
 
@@ -53,11 +55,16 @@ class _SumOverRanks(torch.autograd.Function):
 
 
 class RowShardedEmbedding(nn.Module):
-    """A ``rows`` by ``dim`` table of which this rank holds ``weight``, rows ``[start, stop)``
-    (see the module's documentation); called like ``nn.Embedding`` on an id tensor of any
-    shape. ``group`` (default: the default group) is the ranks it is split across. Its rows are
-    drawn standard normal, as ``nn.Embedding``'s, from a generator seeded by the global RNG
-    and the rank, so each rank draws its own rows (not those of an unsplit table)."""
+    """A ``rows`` by ``dim`` table of which this rank holds :attr:`weight`, rows ``[start,
+    stop)`` (see the module's documentation); called like ``nn.Embedding`` on an id tensor of
+    any shape. ``group`` (default: the default group) is the ranks it is split across.
+
+    Its rows are those an ``nn.Embedding(rows, dim)`` would draw from the global RNG at this
+    point (standard normal), drawn whole on the host and kept in part, so that a split model
+    starts where the unsplit one does. The parameter's name is :attr:`shard_name`,
+    ``rows_START_STOP``: each rank's part has a name of its own in a checkpoint that every rank
+    writes its part of, and the parameter carries :data:`ROW_SHARDED`, for a gradient norm
+    over every rank's rows (:func:`trainer.parallel.clip_gradients`)."""
 
     def __init__(self, rows: int, dim: int, group: dist.ProcessGroup | None = None) -> None:
         super().__init__()
@@ -65,15 +72,17 @@ class RowShardedEmbedding(nn.Module):
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.start, self.stop = row_range(rows, self.rank, self.world_size)
-        seed = int(torch.randint(0, 2**62, ()).item())  # the same on every rank
-        generator = torch.Generator().manual_seed(seed + self.rank)
-        shard = torch.randn(self.stop - self.start, dim, generator=generator)
-        self.weight = nn.Parameter(shard)
+        whole = torch.empty(rows, dim).normal_()  # what nn.Embedding's reset_parameters draws
+        shard = nn.Parameter(whole[self.start : self.stop].clone())
+        setattr(shard, ROW_SHARDED, True)
+        self.shard_name = f"rows_{self.start}_{self.stop}"
+        self.register_parameter(self.shard_name, shard)
 
-    def load_rows(self, full: torch.Tensor) -> None:
-        """Sets this rank's rows from the whole table ``full`` (``rows`` by ``dim``)."""
-        with torch.no_grad():
-            self.weight.copy_(full[self.start : self.stop])
+    @property
+    def weight(self) -> nn.Parameter:
+        """This rank's rows."""
+        shard: nn.Parameter = getattr(self, self.shard_name)
+        return shard
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
@@ -105,11 +114,51 @@ def sharded_tables(group: dist.ProcessGroup | None = None) -> TableFactory:
     return table
 
 
+def leave_out_of_ddp(model: nn.Module) -> None:
+    """Marks ``model``'s row-sharded parameters as ones DDP does not average (set before DDP
+    wraps it): torch's ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``,
+    the workaround torch names for this (pytorch/pytorch#43690) until a public API exists."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(  # type: ignore[no-untyped-call]
+        model, sharded_parameter_names(model)
+    )
+
+
 def sharded_parameter_names(model: nn.Module) -> list[str]:
     """The names of ``model``'s row-sharded parameters, which DDP must not average (each rank
     holds other rows)."""
     return [
-        f"{name}.weight" if name else "weight"
+        f"{name}.{module.shard_name}" if name else module.shard_name
         for name, module in model.named_modules()
         if isinstance(module, RowShardedEmbedding)
     ]
+
+
+_SHARD_KEY = re.compile(r"(?P<table>.*)\.rows_(?P<start>\d+)_(?P<stop>\d+)$")
+
+
+def whole_tables(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (a checkpoint's model state, every rank's part read) with each row-sharded
+    table's parts (``TABLE.rows_START_STOP``) joined in row order as ``TABLE.weight``, the
+    state of the same model unsplit.
+
+    Raises:
+        ValueError: a table's parts do not cover its rows from 0 without a gap.
+    """
+    parts: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
+    whole = {}
+    for key, value in state.items():
+        found = _SHARD_KEY.match(key)
+        if found is None:
+            whole[key] = value
+            continue
+        start, stop = int(found["start"]), int(found["stop"])
+        parts.setdefault(found["table"], []).append((start, stop, value))
+    for table, pieces in parts.items():
+        pieces.sort(key=lambda piece: piece[0])
+        ends = [0, *(stop for _, stop, _ in pieces)]
+        if [start for start, _, _ in pieces] != ends[:-1]:
+            raise ValueError(f"{table}: the parts of rows {ends} leave a gap")
+        whole[f"{table}.weight"] = torch.cat([value for _, _, value in pieces])
+    return whole

@@ -12,6 +12,7 @@ every item (:mod:`trainer.recommend.evaluate`), the tallies gathered on the cont
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from trainer import data, device, parallel
 from trainer.config import TrainConfig
 from trainer.recommend import evaluate as rec_eval
+from trainer.recommend import sharding
 from trainer.recommend.data import (
     ID_FILES,
     TASK,
@@ -57,13 +59,39 @@ def carried_files(data_dir: str) -> tuple[Path, ...]:
     return tuple(Path(data_dir) / name for name in ID_FILES.values())
 
 
-def planned_params(cfg: TrainConfig) -> int:
-    """The parameters of ``cfg``'s two-tower model on ``cfg.data``, from its manifest alone.
+def planned_params(cfg: TrainConfig, ranks: parallel.Ranks) -> int:
+    """The parameters one rank of ``ranks`` holds of ``cfg``'s two-tower model on
+    ``cfg.data`` (its share of the tables when :func:`shards_tables`), from the manifest alone.
 
     Raises:
         trainer.recommend.data.InteractionsError: ``cfg.data`` holds no interactions.
     """
-    return sum(param_count(model_config(manifest_entry(cfg.data), cfg)))
+    tables, mlps = param_count(model_config(manifest_entry(cfg.data), cfg))
+    if shards_tables(cfg, ranks, tables):
+        return math.ceil(tables / ranks.world_size) + mlps
+    return tables + mlps
+
+
+def shards_tables(cfg: TrainConfig, ranks: parallel.Ranks, table_params: int) -> bool:
+    """Whether a run of ``cfg`` on ``ranks`` splits its tables (``table_params`` parameters)
+    row-wise across the ranks (:mod:`trainer.recommend.sharding`): never on one rank or with
+    ``shard_embeddings`` off; always with on; with auto, when their FP32 weights, gradients and
+    AdamW state outgrow one rank's device memory on ``cfg.instance_type`` (a Neuron instance
+    type of the catalog; without one, or with another, they are not split)."""
+    import trn_catalog
+
+    if not ranks.distributed or cfg.shard_embeddings == "off":
+        return False
+    if cfg.shard_embeddings == "on":
+        return True
+    if not cfg.instance_type:
+        return False
+    try:
+        lnc = device.logical_nc_config(cfg.instance_type)
+        memory = device.device_memory_per_rank(cfg.instance_type, lnc)
+    except trn_catalog.UnknownInstanceTypeError:
+        return False
+    return table_params * device.TRAIN_STATE_BYTES_PER_PARAM > memory
 
 
 def param_count(cfg: TwoTowerConfig) -> tuple[int, int]:
@@ -87,7 +115,8 @@ def flops_per_example(cfg: TwoTowerConfig, micro_batch: int) -> float:
 @dataclass
 class Recommend:
     """Two-tower retrieval on ``sampler``'s rows, evaluated on ``interactions.eval`` when
-    ``evaluates`` (else no eval); ``model`` is the unwrapped model once set-up built it."""
+    ``evaluates`` (else no eval), its tables split across the ranks when ``sharded``;
+    ``model`` is the unwrapped model once set-up built it (:meth:`build_model`)."""
 
     sampler: InteractionSampler
     interactions: Interactions
@@ -96,6 +125,7 @@ class Recommend:
     backend: device.Backend
     control: dist.ProcessGroup | None = None
     evaluates: bool = False
+    sharded: bool = False
     model: TwoTower | None = field(default=None, repr=False)
 
     def new_model(self, table: TableFactory = embedding) -> TwoTower:
@@ -108,11 +138,36 @@ class Recommend:
             table,
         )
 
+    def build_model(self, backend: device.Backend) -> TwoTower:
+        """This task's model (:meth:`new_model`) on ``backend``'s device, kept as
+        :attr:`model`: with :attr:`sharded`, its tables split across the ranks and left out of
+        DDP's averaging.
+
+        Raises:
+            ValueError: split tables on a backend that reduces gradients itself (XLA), which
+                would average the ranks' different rows.
+        """
+        if self.sharded and not backend.reduces_in_backward:
+            raise ValueError(
+                f"shard_embeddings: device {backend.name!r} reduces every gradient itself; "
+                "split tables need DDP (the native Neuron stack, cuda or cpu), or "
+                "--shard-embeddings off"
+            )
+        self.model = self.new_model(sharding.sharded_tables() if self.sharded else embedding)
+        model = backend.prepare_model(self.model)
+        if self.sharded:
+            sharding.leave_out_of_ddp(model)
+        return self.model
+
     def run_fields(self) -> dict[str, object]:
         """What the run config records of the task, for resuming and export: the model's
-        config and the data's row layout."""
+        config, the data's row layout, and whether the tables are split (a split run's
+        checkpoint holds each rank's rows under their own names: it resumes split, on as many
+        ranks)."""
         layout = self.interactions.layout.as_dict()
-        return {"task": TASK, TASK: self.config.as_dict(), "layout": layout}
+        fields = {"task": TASK, TASK: self.config.as_dict(), "layout": layout}
+        split = {"sharded_tables": self.ranks.world_size} if self.sharded else {}
+        return {**fields, **split}
 
     def summary(self) -> dict[str, object]:
         """What the run header records of the data: users, items, features, interactions of
@@ -127,6 +182,7 @@ class Recommend:
             "train_examples": self.sampler.examples,
             "eval_examples": 0 if held is None else int(held.shape[0]),
             "steps_per_epoch": self.sampler.steps_in(0),
+            "sharded_tables": self.sharded,
         }
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, ...]:
@@ -200,13 +256,15 @@ def build(
         world_size=ranks.world_size,
         grad_accum=cfg.grad_accum,
     )
+    config = model_config(manifest_entry(dataset.root), cfg)
     task = Recommend(
         sampler,
         interactions,
-        model_config(manifest_entry(dataset.root), cfg),
+        config,
         ranks,
         backend,
         control,
         evaluates=bool(cfg.eval_every),
+        sharded=shards_tables(cfg, ranks, param_count(config)[0]),
     )
     return task, sampler.steps_for(cfg.epochs) if cfg.epochs else cfg.steps
