@@ -123,8 +123,29 @@ def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, An
     return {"ranges": ranges}
 
 
+def cli_resumed(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
+    """``trn-train ARGV`` run to its end, its last checkpoint kept aside as ``straight``; then
+    as if killed after step ``killed_at``'s checkpoint (the later ones removed) and run again,
+    which resumes there and writes the last one anew."""
+    import shutil
+
+    import torch.distributed as dist
+
+    first = cli.main(job["argv"])
+    ck = Path(job["argv"][job["argv"].index("--checkpoint-dir") + 1])
+    if ranks.is_main:
+        last = sorted(ck.glob("step_*"))[-1]
+        shutil.copytree(last, Path(job["out"], "straight", last.name))
+        for later in ck.glob("step_*"):
+            if int(later.name.removeprefix("step_")) > job["killed_at"]:
+                shutil.rmtree(later)
+    dist.barrier()
+    return {"exit": [first, cli.main(job["argv"])]}
+
+
 KINDS: dict[str, Callable[[dict[str, Any], parallel.Ranks], dict[str, Any]]] = {
     "recommend_shards": recommend_shards,
+    "cli_resumed": cli_resumed,
     "cli": run_cli,
     "train_and_count": train_and_count,
     "open_per_node": open_per_node,

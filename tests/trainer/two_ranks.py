@@ -173,6 +173,14 @@ def jobs(two: TwoRanks) -> dict[str, dict[str, Any]]:
             "kind": "cli",
             "argv": _recommend_run(two.interactions, root / "recommend-split", "on"),
         },
+        "recommend-split-resumed": {
+            "kind": "cli_resumed",
+            "argv": [
+                *_recommend_run(two.interactions, root / "recommend-split-resumed", "on"),
+                *["--checkpoint-every", "3"],
+            ],
+            "killed_at": 3,
+        },
         "compiled-fsdp": {
             "kind": "train_and_count",
             "config": _compiled(two.corpus, root / "compiled-fsdp", "fsdp"),
