@@ -15,6 +15,7 @@ import torch
 import torch_save_checkpoint
 from moto import mock_aws
 from torch import nn
+from torch.distributed.checkpoint import CheckpointException
 
 from tests import warm
 from tests.conftest import ROOT
@@ -264,6 +265,34 @@ def test_corrupt_newest_falls_back_to_previous_with_a_warning(tmp_path: Path) ->
         checkpointer.load("step_00000020")
     # A rank that loads what the main rank verified checks format and size only.
     assert checkpointer.load("step_00000010", verify=False)["step"] == 10
+
+
+class _Unwritable(LocalStore):
+    """A store whose staging directory is a file: DCP fails to write into it."""
+
+    def staging(self) -> Path:
+        staged = self.root / "staged"
+        staged.write_text("a file where the staging directory would be")
+        return staged
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_a_save_leaves_torch_saves_record_crc_option_as_it_found_it(
+    tmp_path: Path, before: bool
+) -> None:
+    """A save turns torch.save's CRC of each zip record off while DCP writes (meta.json's CRC
+    of each file covers the bytes); the process-wide option is put back afterwards, also when
+    the save fails."""
+    model, opt = _trained(0)
+    torch.serialization.set_crc32_options(before)
+    try:
+        Checkpointer(LocalStore(tmp_path / "ok")).save(1, model, opt)
+        assert torch.serialization.get_crc32_options() is before
+        with pytest.raises(CheckpointException, match="Not a directory"):
+            Checkpointer(_Unwritable(tmp_path / "failing")).save(1, model, opt)
+        assert torch.serialization.get_crc32_options() is before
+    finally:
+        torch.serialization.set_crc32_options(True)
 
 
 def test_unfinished_checkpoint_is_invisible(tmp_path: Path) -> None:
