@@ -132,6 +132,13 @@ def test_eval_export_and_predict_agree_with_training(
     ids = {name: i for i, name in enumerate(maps.items)}
     assert [[ids[i] for i in p["items"]] for p in predicted] == expected.tolist()
     assert all(p["scores"] == sorted(p["scores"], reverse=True) for p in predicted)
+    unknown = write_jsonl(tmp_path / "bad.jsonl", [{"user_id": "nobody"}])
+    capsys.readouterr()
+    bad = ["predict", "--model", str(out), "--input", str(unknown), "--out", str(tmp_path / "x")]
+    assert cli.main(bad) == cli.USAGE
+    assert "bad.jsonl:1: field 'user_id' is 'nobody'; allowed: a user of the model's" in (
+        capsys.readouterr().err
+    )
 
 
 def _query(row: Any, maps: IdMaps) -> dict[str, Any]:
