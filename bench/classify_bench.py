@@ -1,13 +1,15 @@
 """Classification benchmark (issue 33): ``trn-train run --task classify`` on a Hugging Face Llama
-against a plain PyTorch loop over transformers' own ``LlamaForSequenceClassification``.
+and on a BERT encoder, each against a plain PyTorch loop over transformers' own
+``LlamaForSequenceClassification`` / ``BertForSequenceClassification``.
 
-- classifier_vs_transformers_examples_per_s: the trainer (CPU, FP32, eager, one rank; its
-  records' ``step_time_s`` after :data:`WARMUP` steps) over a plain loop
-  (``model(input_ids, labels=labels)``, backward, gradient clipping, torch's default AdamW,
-  zero_grad) on the same Llama config, batch and sequence length, every row a whole
-  :data:`SEQ_LEN` tokens on both sides, in the same rounds, which loop goes first alternating;
-  the median of each round's ratio (goal >= 1.0). The optimizers are each side's own, as in
-  ``hf_bench.py``.
+- classifier_vs_transformers_examples_per_s (Llama) and
+  bert_classifier_vs_transformers_examples_per_s (a BERT of the Llama's width, depth, heads,
+  feed-forward and vocabulary): the trainer (CPU, FP32, eager, one rank; its records'
+  ``step_time_s`` after :data:`WARMUP` steps) over a plain loop (``model(input_ids,
+  labels=labels)``, backward, gradient clipping, torch's default AdamW, zero_grad) on the same
+  config, batch and sequence length, every row a whole :data:`SEQ_LEN` tokens on both sides, in
+  the same rounds, which loop goes first alternating; the median of each round's ratio (goal
+  >= 1.0). The optimizers are each side's own, as in ``hf_bench.py``.
 
 Usage: python bench/classify_bench.py [--results bench/results.json] [--rounds 5]
 """
@@ -33,7 +35,7 @@ import hf_bench
 import results_file
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaForSequenceClassification
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
 
 from trainer import metrics
 from trainer.classify import data as classify_data
@@ -44,19 +46,50 @@ WARMUP, MEASURED = 2, 4  # steps per round; the trainer logs every 2
 BATCH, SEQ_LEN = 8, 256
 CLASSES = ("a", "b", "c", "d")
 DOCUMENTS = 256
-GOALS = {"classifier_vs_transformers_examples_per_s": 1.0}
+FIGURES = {
+    "llama": "classifier_vs_transformers_examples_per_s",
+    "bert": "bert_classifier_vs_transformers_examples_per_s",
+}
+GOALS = dict.fromkeys(FIGURES.values(), 1.0)
 
 
-def make_model(root: Path, shape: dict[str, Any]) -> Path:
-    """``hf_bench``'s random FP32 Llama of ``shape``, its word-level tokenizer splitting on
-    whitespace, with a tokenizer config naming its EOS (the word ``w0``), as ``prepare-data``
-    wants."""
-    out = hf_bench.make_model(root, shape, dtype=torch.float32, max_shard_bytes=8 << 20)
+def bert_shape(llama: dict[str, Any]) -> dict[str, Any]:
+    """A BERT of the Llama ``shape``'s width, depth, heads, feed-forward and vocabulary, its
+    positions covering :data:`SEQ_LEN`, padded with token 0, without dropout (the trainer's
+    runs have none; BertConfig's default of 0.1 would make transformers' side do more work)."""
+    same = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+    )
+    return {
+        **{k: llama[k] for k in same},
+        "max_position_embeddings": max(SEQ_LEN, 512),
+        "pad_token_id": 0,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+
+
+def make_model(root: Path, shape: dict[str, Any], arch: str = "llama") -> Path:
+    """A random FP32 model of ``shape``: ``hf_bench``'s Llama, or (``arch`` ``bert``) a
+    masked-LM BERT (the classifier is drawn on it, as on ``bert-base``); with a word-level
+    tokenizer splitting on whitespace whose config names the EOS (the word ``w0``; BERT's the
+    pad token, as BERT has no EOS), as ``prepare-data`` wants."""
+    if arch == "bert":
+        torch.manual_seed(0)
+        out = root / f"bert-{shape['hidden_size']}"
+        BertForMaskedLM(BertConfig(**shape)).save_pretrained(out)
+    else:
+        out = hf_bench.make_model(root, shape, dtype=torch.float32, max_shard_bytes=8 << 20)
     words = {f"w{i}": i for i in range(shape["vocab_size"])}
     tokenizer = Tokenizer(models.WordLevel(words, "w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "w0", "unk_token": "w0"}
+    special = "pad_token" if arch == "bert" else "eos_token"
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", special: "w0", "unk_token": "w0"}
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     return out
 
@@ -104,7 +137,7 @@ def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
 
 def transformers_round(model_dir: Path, vocab: int) -> float:
     """Examples per second of a plain loop over transformers' classifier."""
-    model = LlamaForSequenceClassification.from_pretrained(
+    model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=len(CLASSES), pad_token_id=0, dtype=torch.float32
     )
     model.train()
@@ -145,22 +178,28 @@ def main() -> int:
     p.add_argument("--results", default=str(Path(__file__).with_name("results.json")))
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    shape = hf_bench.LLAMA
+    shapes = {"llama": hf_bench.LLAMA, "bert": bert_shape(hf_bench.LLAMA)}
+    found = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        model_dir = make_model(work, shape)
-        data_dir = make_data(work, model_dir, shape["vocab_size"])
-        found = rounds(model_dir, data_dir, work, args.rounds, shape["vocab_size"])
-    figures = {"classifier_vs_transformers_examples_per_s": found["ratio"]}
+        for arch, shape in shapes.items():
+            work = Path(tmp, arch)
+            work.mkdir()
+            model_dir = make_model(work, shape, arch)
+            data_dir = make_data(work, model_dir, shape["vocab_size"])
+            found[arch] = rounds(model_dir, data_dir, work, args.rounds, shape["vocab_size"])
+    figures = {FIGURES[arch]: f["ratio"] for arch, f in found.items()}
     section: dict[str, Any] = {
         **figures,
         "goals": GOALS,
         "meets_goals": {k: figures[k] >= GOALS[k] for k in GOALS},
         "details": {
-            "trainer_examples_per_s": found["ours"],
-            "transformers_examples_per_s": found["theirs"],
+            "trainer_examples_per_s": found["llama"]["ours"],
+            "transformers_examples_per_s": found["llama"]["theirs"],
+            "bert_trainer_examples_per_s": found["bert"]["ours"],
+            "bert_transformers_examples_per_s": found["bert"]["theirs"],
             "rounds": args.rounds,
-            "llama": shape,
+            "llama": shapes["llama"],
+            "bert": shapes["bert"],
             "classes": len(CLASSES),
             "batch": BATCH,
             "seq_len": SEQ_LEN,

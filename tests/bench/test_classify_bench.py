@@ -1,7 +1,9 @@
-"""The classification benchmark runs both loops on one model and data: the trainer as a
-classifier (its records have examples/s) and transformers' classifier, every row whole."""
+"""The classification benchmark runs both loops on one model and data, a Llama and a BERT: the
+trainer as a classifier (its records have examples/s) and transformers' classifier, every row
+whole."""
 
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,9 @@ TINY = {
 }
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
 def test_one_round_of_each_loop_on_whole_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
     # As `make bench` runs it: a script beside hf_bench.py, which it imports as a sibling.
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
@@ -32,7 +35,9 @@ def test_one_round_of_each_loop_on_whole_rows(
     monkeypatch.setattr(classify_bench, "SEQ_LEN", 16)
     monkeypatch.setattr(classify_bench, "BATCH", 2)
     monkeypatch.setattr(classify_bench, "DOCUMENTS", 12)
-    model = classify_bench.make_model(tmp_path, TINY)
+    shape = TINY if arch == "llama" else classify_bench.bert_shape(TINY)
+    model = classify_bench.make_model(tmp_path, shape, arch)
+    assert json.loads((model / "config.json").read_text())["model_type"] == arch
     prepared = classify_bench.make_data(tmp_path, model, TINY["vocab_size"])
     ds, labels = data.open_dataset(prepared), classify_data.open_labels(prepared)
     assert labels.names == classify_bench.CLASSES
