@@ -2,9 +2,9 @@
 
 Pure functions over parsed metrics files (the trainer's JSON lines: a ``"kind": "run"`` header,
 then ``train`` records with ``step``, ``loss``, ``tokens``, ``tokens_per_s`` and ``elapsed_s``,
-of a classification run also ``examples_per_s``, and ``eval`` records, whose last one gives a
-run's held-out figures: :data:`EVAL_FIGURES`). The command in :mod:`trnctl.commands.compare`
-reads the files, resolves prices and prints.
+of a classification or recommendation run also ``examples_per_s``, and ``eval`` records, whose
+last one gives a run's held-out figures: :data:`EVAL_FIGURES`). The command in
+:mod:`trnctl.commands.compare` reads the files, resolves prices and prints.
 """
 
 from __future__ import annotations
@@ -39,13 +39,17 @@ HEADER_FIELDS = (
 # --price TYPE:cb=USD sets a Capacity Block rate; TYPE=USD an On-Demand one.
 CB_SUFFIX = ":cb"
 # The held-out figures of an eval record that compare shows, as the trainer names them: the loss
-# (any task), a classifier's accuracy (multi-label: exact match) and F1 (trainer.classify).
+# (any task), a classifier's accuracy (multi-label: exact match) and F1 (trainer.classify), a
+# two-tower model's recall@10, NDCG@10 and MRR (trainer.recommend).
 EVAL_FIGURES = (
     "eval_loss",
     "eval_accuracy",
     "eval_exact_match",
     "eval_macro_f1",
     "eval_micro_f1",
+    "eval_recall@10",
+    "eval_ndcg@10",
+    "eval_mrr",
 )
 
 

@@ -217,6 +217,9 @@ EVAL_ROWS = (
     ("eval exact match", "eval_exact_match", ".2%"),
     ("eval macro F1", "eval_macro_f1", ".4f"),
     ("eval micro F1", "eval_micro_f1", ".4f"),
+    ("eval recall@10", "eval_recall@10", ".2%"),
+    ("eval NDCG@10", "eval_ndcg@10", ".4f"),
+    ("eval MRR", "eval_mrr", ".4f"),
 )
 
 

@@ -336,6 +336,30 @@ def test_classification_runs_compare_examples_per_s_and_their_metric(
     assert "<td>95.00%</td><td>90.00%</td>" in page
 
 
+def test_recommendation_runs_compare_examples_per_s_and_their_ranking_figures(
+    trnctl: Any, no_aws: None, tmp_path: Path
+) -> None:
+    """A two-tower run's records (trainer.recommend): examples/s (an interaction a "token"),
+    and its last eval's recall@10, NDCG@10 and MRR."""
+    a = _write(tmp_path / "a.jsonl", _header("trn2.48xlarge", 1), tokens_per_s=500.0)
+    lines = [json.loads(line) for line in a.read_text().splitlines()]
+    for record in lines[1:]:
+        record["examples_per_s"] = 500.0
+    last = {"kind": "eval", "step": 10, "eval_loss": 3.5, "eval_recall@10": 0.458}
+    last.update({"eval_ndcg@10": 0.2165, "eval_mrr": 0.1767, "eval_examples": 360})
+    a.write_text("".join(json.dumps(r) + "\n" for r in [*lines, last]))
+
+    table = _table(trnctl("compare", str(a), "--price", "trn2.48xlarge=36").stdout)
+
+    assert table["steady examples/s"] == ["500.0"]
+    assert table["eval recall@10"] == ["45.80%"]
+    assert table["eval NDCG@10"] == ["0.2165"]
+    assert table["eval MRR"] == ["0.1767"]
+    # $36/h over 500 interactions/s: 36 / 3600 / 500 * 1e6 = $20 per 1M.
+    assert table["On-Demand $ per 1M examples"] == ["$20.00"]
+    assert "eval accuracy" not in table
+
+
 def test_a_causal_lm_run_shows_no_classification_rows(
     trnctl: Any, no_aws: None, tmp_path: Path
 ) -> None:
