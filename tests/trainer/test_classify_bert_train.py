@@ -209,3 +209,51 @@ def test_bert_layers_are_checkpointed_and_the_head_stays_fp32(task: tuple[Path, 
     pooled = torch.tanh(F.linear(first.float(), pooler.weight, pooler.bias))
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, F.linear(pooled, classifier.weight, classifier.bias))
+
+
+def _multi_label_documents(count: int) -> list[dict[str, object]]:
+    """``count`` documents of words of one or two classes each, labelled with those classes
+    (every combination, none empty)."""
+    import random
+
+    rng = random.Random(3)
+    names = sorted(WORDS)
+    out = []
+    for _ in range(count):
+        labels = rng.sample(names, rng.choice((1, 2)))
+        words = [f"w{rng.choice(WORDS[n])}" for n in labels for _ in range(rng.randint(2, 4))]
+        rng.shuffle(words)
+        out.append({"text": " ".join(words), "labels": sorted(labels)})
+    return out
+
+
+def test_a_multi_label_bert_learns_which_classes_a_text_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = hf_tiny.bert_dir(tmp_path)
+    source = write_jsonl(tmp_path / "docs.jsonl", _multi_label_documents(300))
+    data, ck, out = tmp_path / "data", tmp_path / "ck", tmp_path / "export"
+    prepare = ["prepare-data", "--format", "classify", "--tokenizer", str(model)]
+    split = ["--seq-len", str(SEQ), "--eval-fraction", "0.1"]
+    assert cli.main([*prepare, "--input", str(source), "--out", str(data), *split]) == 0
+    args = _run(model, data, ck, "--epochs", "6", "--class-weights", "auto", "--lr", "2e-3")
+    assert cli.main(args) == 0
+    assert cli.main(["export", "--checkpoint-dir", str(ck), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["problem_type"] == (
+        "multi_label_classification"
+    )
+    capsys.readouterr()
+    assert cli.main(["eval", "--model", str(out), "--data", str(data), "--seq-len", str(SEQ)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert set(line) == {"loss", "micro_f1", "macro_f1", "examples"}
+    assert line["micro_f1"] >= 0.9, line
+
+    lines = write_jsonl(tmp_path / "new.jsonl", [{"text": "w21 w45 w22 w50"}])
+    scored = tmp_path / "scored.jsonl"
+    assert (
+        cli.main(["predict", "--model", str(out), "--input", str(lines), "--out", str(scored)]) == 0
+    )
+    (record,) = [json.loads(r) for r in scored.read_text().splitlines()]
+    # Each class above probability 0.5 (sigmoids: they need not add up to 1).
+    assert record["labels"] == [n for n, p in sorted(record["scores"].items()) if p > 0.5]
+    assert set(record["scores"]) == set(WORDS) and "finance" in record["labels"], record
