@@ -4,17 +4,20 @@ one core's memory.
 Each rank holds one contiguous range of rows, ``ceil(rows / world_size)`` of them (the last
 rank fewer, or none). A lookup is three steps every rank takes together: the ids of every rank
 are gathered (``all_gather``), each rank looks up those of its range in its own rows (the others
-give zeros), and the results are summed across the ranks (``all_reduce``), of which each rank
-keeps its own ids' rows. Backward mirrors it: the summed gradients of every rank's rows reach
-each rank, and its lookup's backward adds those of its range to its rows. So every rank must
+give zeros), and the results are summed across the ranks and scattered
+(``reduce_scatter_single``), so that each rank receives the rows of its own ids. Backward
+mirrors it: every rank's gradient rows are gathered on each rank (``all_gather_single``), and
+its lookup's backward adds those of its range to its rows. So every rank must
 look up the same number of ids at each call (the static shapes of a batch do), and the tables'
 gradients come from every rank's loss, averaged over the ranks as DDP averages the dense ones
 (the module's parameters are therefore left out of DDP's reduction).
 
-Only ``all_gather`` and ``all_reduce`` are used, the two collectives every backend this trainer
-runs has. The all-reduce moves every rank's looked-up rows to every rank; a ``reduce_scatter``
-(which gloo has too, as of torch 2.13) would move each rank only its own ids' rows, a saving of
-``world_size`` times in bytes not taken here.
+Why these forms (torch 2.13): an ``all_reduce`` in place of the reduce-scatter would send every
+rank's rows to every rank, ``world_size`` times the bytes; the list form ``reduce_scatter``
+is not traced by Dynamo (a compiled step breaks its graph, which ``fullgraph=True`` refuses),
+where ``reduce_scatter_single`` and ``all_gather_single`` are (``reduce_scatter_tensor``, the
+older name, is deprecated). Run here on gloo, eager and compiled (``aot_eager``); NCCL's and
+the Neuron backend's were not tried.
 """
 
 from __future__ import annotations
@@ -39,21 +42,23 @@ def row_range(rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, min(rows, start + per_rank)
 
 
-class _SumOverRanks(torch.autograd.Function):
-    """``all_reduce`` (sum) whose backward is the summed gradient times ``scale``."""
+class _SumToOwners(torch.autograd.Function):
+    """Sums ``world_size`` equal blocks of rows over the ranks, block ``r`` to rank ``r``
+    (``reduce_scatter_single``); its backward gathers every rank's gradient block
+    (``all_gather_single``), times ``scale``."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, scale: float) -> torch.Tensor:
-        ctx.group, ctx.scale = group, scale
-        out = x.clone()
-        dist.all_reduce(out, group=group)
+    def forward(ctx: Any, x: torch.Tensor, group: Any, world_size: int, scale: float) -> Any:
+        ctx.group, ctx.world_size, ctx.scale = group, world_size, scale
+        out = x.new_empty(x.shape[0] // world_size, *x.shape[1:])
+        dist.reduce_scatter_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        out = grad.contiguous().clone()
-        dist.all_reduce(out, group=ctx.group)
-        return out * ctx.scale, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        out = grad.new_empty(grad.shape[0] * ctx.world_size, *grad.shape[1:])
+        dist.all_gather_single(out, grad.contiguous(), group=ctx.group)
+        return out * ctx.scale, None, None, None
 
 
 class RowShardedEmbedding(nn.Module):
@@ -97,13 +102,12 @@ class RowShardedEmbedding(nn.Module):
             vectors = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
         else:
             # A rank past the table's last row holds none; its zeros still depend on the
-            # (empty) weight, so that its backward joins the other ranks' all_reduce.
+            # (empty) weight, so that its backward joins the other ranks' all_gather.
             vectors = self.weight.new_zeros(every.numel(), self.dim) + self.weight.sum()
         # Function.apply is untyped in torch's stubs.
-        summed: torch.Tensor = _SumOverRanks.apply(  # type: ignore[no-untyped-call]
-            vectors, self.group, 1.0 / self.world_size
+        own: torch.Tensor = _SumToOwners.apply(  # type: ignore[no-untyped-call]
+            vectors, self.group, self.world_size, 1.0 / self.world_size
         )
-        own = summed[self.rank * flat.numel() : (self.rank + 1) * flat.numel()]
         return own.reshape(*ids.shape, self.dim)
 
 
