@@ -561,18 +561,40 @@ def _controller(pipeline: Pipeline, image: str, region: str) -> dict[str, Any]:
 
 
 def manual_job(cronjob: dict[str, Any], name: str) -> dict[str, Any]:
-    """The Job ``run-now`` creates from a CronJob's template, as ``kubectl create job --from
-    cronjob/...`` does (the ``cronjob.kubernetes.io/instantiate: manual`` annotation)."""
+    """The Job ``run-now`` creates from ``cronjob`` as the API server returns it, as ``kubectl
+    create job --from cronjob/...`` makes one (kubernetes/kubectl pkg/cmd/create/create_job.go):
+    the template's labels and annotations plus ``cronjob.kubernetes.io/instantiate: manual``,
+    and the CronJob as its controller (an owner reference without ``blockOwnerDeletion``, which
+    would need the ``cronjobs/finalizers`` permission), so that the CronJob controller counts it
+    in the history limits and deleting the pipeline deletes it.
+
+    Raises:
+        ValueError: ``cronjob`` has no ``metadata.uid`` (not read from the API server).
+    """
     template = cronjob["spec"]["jobTemplate"]
     meta = cronjob["metadata"]
+    if not meta.get("uid"):
+        raise ValueError(f"CronJob {meta.get('name')!r} has no metadata.uid: read it from the API")
+    template_meta = template.get("metadata") or {}
+    owner = {
+        "apiVersion": API_VERSION,
+        "kind": "CronJob",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+    }
     return {
         "apiVersion": API_VERSION,
         "kind": "Job",
         "metadata": {
             "name": name,
             "namespace": meta["namespace"],
-            "labels": dict(template.get("metadata", {}).get("labels", {})),
-            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+            "labels": dict(template_meta.get("labels") or {}),
+            "annotations": {
+                "cronjob.kubernetes.io/instantiate": "manual",
+                **(template_meta.get("annotations") or {}),
+            },
+            "ownerReferences": [owner],
         },
         "spec": template["spec"],
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -226,7 +227,9 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             if name in state.cronjobs:
                 self._send(409, _status(409, f'cronjobs.batch "{name}" already exists'))
                 return
-            stored = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+            # The API server gives each object a uid, kept for its life (replaces included).
+            uid = str(uuid.uuid4())
+            stored = {**body, "metadata": {**body["metadata"], "resourceVersion": "1", "uid": uid}}
             state.cronjobs[name] = stored
             self._send(201, stored)
 
@@ -256,7 +259,11 @@ def _handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             version = str(int(current["metadata"]["resourceVersion"]) + 1)
             state.cronjobs[p["name"]] = {
                 **body,
-                "metadata": {**body["metadata"], "resourceVersion": version},
+                "metadata": {
+                    **body["metadata"],
+                    "resourceVersion": version,
+                    "uid": current["metadata"]["uid"],
+                },
             }
             self._send(200, state.cronjobs[p["name"]])
 

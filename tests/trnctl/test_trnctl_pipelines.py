@@ -216,10 +216,19 @@ def test_the_cronjob_runs_the_controller_once_at_a_time_under_its_service_accoun
 
 def test_the_cronjob_and_a_manual_job_are_strictly_valid_kubernetes_objects() -> None:
     cronjob = pipelines.render_cronjob(pipeline(), OUTPUTS, suspend=True)
-    manual = pipelines.manual_job(cronjob, "support-now-1202080000")
+    served = {**cronjob, "metadata": {**cronjob["metadata"], "uid": "0b4d5c1e-uid"}}
+    manual = pipelines.manual_job(served, "support-now-1202080000")
 
     assert kube_objects.problems(cronjob) == []
     assert kube_objects.problems(manual) == []
+
+
+def test_a_manual_job_needs_the_cronjob_as_the_api_server_returns_it() -> None:
+    """Its owner reference names the CronJob's uid, which only the API server knows."""
+    cronjob = pipelines.render_cronjob(pipeline(), OUTPUTS)
+
+    with pytest.raises(ValueError, match=_re("CronJob 'support' has no metadata.uid")):
+        pipelines.manual_job(cronjob, "support-now-1202080000")
 
 
 def test_an_unknown_field_would_be_caught() -> None:
@@ -303,6 +312,7 @@ def test_list_show_pause_resume_run_now_and_delete(trnctl: Any, fake: FakeKube, 
     listed = trnctl("pipeline", "list", "--env", "trn-dev")
     shown = json.loads(trnctl("pipeline", "show", "support", "--env", "trn-dev").stdout)
     resumed = trnctl("pipeline", "resume", "support", "--env", "trn-dev")
+    uid = fake.cronjobs["support"]["metadata"]["uid"]
     now = trnctl("pipeline", "run-now", "support", "--env", "trn-dev")
     deleted = trnctl("pipeline", "delete", "support", "--env", "trn-dev")
     gone = trnctl("pipeline", "show", "support", "--env", "trn-dev")
@@ -315,6 +325,16 @@ def test_list_show_pause_resume_run_now_and_delete(trnctl: Any, fake: FakeKube, 
     assert resumed.exit_code == 0
     (job,) = fake.batch_jobs.values()
     assert job["metadata"]["annotations"] == {"cronjob.kubernetes.io/instantiate": "manual"}
+    # As kubectl create job --from: the CronJob controls it (history limits, deleted with it).
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "name": "support",
+            "uid": uid,
+            "controller": True,
+        }
+    ]
     assert job["spec"]["template"]["spec"]["serviceAccountName"] == "trn-pipelines"
     assert now.stdout.startswith("started run ")
     assert deleted.exit_code == 0 and fake.cronjobs == {}
