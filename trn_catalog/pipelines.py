@@ -226,18 +226,25 @@ def check_schedule(schedule: str) -> str:
     return " ".join(parts)
 
 
+def _whole(text: str) -> bool:
+    """Whether ``text`` is a number as the API server's cron parser reads one (robfig/cron v3's
+    strconv.Atoi): ASCII digits only, where str.isdigit also takes other scripts' digits and
+    superscripts, which int() then reads or refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _cron_value(text: str, low: int, high: int, names: tuple[str, ...]) -> int | None:
     upper = text.upper()
     if upper in names:
         return low + names.index(upper)
-    if text.isdigit() and low <= int(text) <= high:
+    if _whole(text) and low <= int(text) <= high:
         return int(text)
     return None
 
 
 def _cron_item(item: str, low: int, high: int, names: tuple[str, ...]) -> bool:
     span, slash, step = item.partition("/")
-    if slash and not (step.isdigit() and int(step) >= 1):
+    if slash and not (_whole(step) and int(step) >= 1):
         return False
     if span in ("*", "?"):
         return True

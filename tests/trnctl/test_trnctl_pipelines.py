@@ -134,6 +134,10 @@ def test_schedules_kubernetes_takes(schedule: str) -> None:
         ("0 3 * * 7", "day of week '7' is not a cron field of 0-6 or SUN-SAT"),
         ("0 3 * * 5-1", "day of week '5-1'"),
         ("*/0 * * * *", "minute '*/0'"),
+        # Digits the API server's parser (Go's strconv.Atoi) does not read: refused, not a crash.
+        ("*/\u00b2 * * * *", "minute '*/\u00b2' is not a cron field of 0-59"),
+        ("\u0663 3 * * 1", "minute '\u0663' is not a cron field of 0-59"),
+        ("0 3 * * \uff11", "day of week '\uff11' is not a cron field of 0-6"),
         ("@fortnightly", "use one of @yearly, @annually, @monthly, @weekly, @daily"),
         (
             "TZ=Europe/Berlin 0 3 * * 1",
