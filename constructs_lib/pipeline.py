@@ -240,7 +240,8 @@ class TrainingPipeline(Construct):
     train twice), the controller on the system node group as a non-root user with a read-only
     root file system. ``trnctl pipeline list``, ``show``, ``run-now`` and ``history`` work on it
     as on any pipeline; change and delete it here: a ``trnctl pipeline pause`` or ``delete``
-    lasts until the next deploy.
+    lasts until a deploy that changes this CronJob (CloudFormation re-applies a manifest only
+    when it changes).
 
     Attributes:
         props (:class:`TrainingPipelineProps`), pipeline (its
