@@ -369,3 +369,29 @@ def test_bert_encoder_of_a_masked_lm_gets_a_new_head(tmp_path: Path) -> None:
     assert model.spec == head and model.classifier.weight.shape == (3, 32)
     with torch.no_grad():
         assert model.scores(_rows()).shape == (3, 3)
+
+
+def test_bert_with_legacy_layer_norm_names_loads_as_transformers_loads_it(tmp_path: Path) -> None:
+    """A checkpoint whose LayerNorms are named ``gamma``/``beta`` (as Google's bert-base-*
+    safetensors on the Hub): transformers renames them on load, and so do we."""
+    from safetensors.torch import load_file, save_file
+
+    _bert().save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / hf.SINGLE
+    state = load_file(str(weights))
+    renamed = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): v
+        for k, v in state.items()
+    }
+    assert renamed.keys() != state.keys()
+    save_file(renamed, str(weights), metadata={"format": "pt"})
+    tokens = _rows()
+    tokens[:, 0] = 2
+    ours = load_classifier(tmp_path / "m", seq_len=SEQ).eval()
+    theirs = AutoModelForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        expected = _their_logits(theirs, tokens)
+        got = ours.scores(tokens)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))

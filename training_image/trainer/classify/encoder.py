@@ -63,6 +63,15 @@ LORA_MODULES: Mapping[str, str] = {
 }
 
 
+# LayerNorm parameter names of checkpoints saved before BERT used nn.LayerNorm (Google's own
+# bert-base-* safetensors on the Hub still hold them), which transformers 5.23.0 renames on
+# load for every model (the "legacy" renamings of conversion_mapping.py).
+LEGACY_NORM_NAMES: Mapping[str, str] = {
+    "LayerNorm.gamma": "LayerNorm.weight",
+    "LayerNorm.beta": "LayerNorm.bias",
+}
+
+
 # The modules of BERT's classification head: the pooler and the classifier (both with biases).
 HEAD_MODULES = ("bert.pooler.dense", "classifier")
 
@@ -341,13 +350,17 @@ def _init(module: nn.Module) -> None:
 
 def read_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """A BERT directory's encoder weights (``bert.*`` names; a ``BertModel``'s top-level names
-    get the prefix) and its ``classifier.*`` when it has one, FP32; other heads (``cls.*``:
-    pre-training) are left out."""
+    get the prefix; legacy ``LayerNorm.gamma``/``beta`` become ``weight``/``bias``, as
+    transformers renames them) and its ``classifier.*`` when it has one, FP32; other heads
+    (``cls.*``: pre-training) are left out."""
     files = hf.tensor_files(model_dir)
     state = {}
     with hf._opened(sorted(set(files.values()))) as handles:
         for name, path in files.items():
             ours = name if name.startswith(("bert.", "classifier.")) else f"bert.{name}"
+            for legacy, current in LEGACY_NORM_NAMES.items():
+                if ours.endswith(legacy):
+                    ours = ours.removesuffix(legacy) + current
             if not ours.startswith("bert.cls") and not name.startswith("cls."):
                 state[ours] = handles[path].get_tensor(name).float()
     state.pop("bert.embeddings.position_ids", None)
