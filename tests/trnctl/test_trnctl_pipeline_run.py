@@ -18,6 +18,7 @@ from fake_kube import FakeKube
 from test_trnctl_aws import OUTPUTS
 from test_trnctl_model_stage import model_dir
 
+from constructs_lib import pipeline as pipeline_access
 from trnctl import kube, models, pipeline_run, registry, versioning
 from trnctl.pipelines import Pipeline
 
@@ -307,3 +308,61 @@ def test_a_classification_gate_reads_accuracy_and_fails_without_it(env: dict[str
         "the gate needs accuracy, which trn-train eval did not report for "
         "datasets/tickets-eval (it reports accuracy and macro_f1 of classification data only)"
     )
+
+
+def authorized_as(request: Any) -> tuple[str, str, str, str | None]:
+    """What the API server's RBAC authorizer checks for ``request``: its API group, resource
+    (``pods/log`` for a subresource), verb (GET of one object ``get``, of a collection ``list``
+    or with ``watch=true`` ``watch``; POST ``create``; PUT ``update``; PATCH ``patch``; DELETE
+    ``delete`` or of a collection ``deletecollection``) and namespace (None: cluster-wide)."""
+    parts = request.path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    resource = "/".join(rest[::2])
+    one = len(rest) > 1
+    if request.method == "GET":
+        watched = request.query.get("watch") == ["true"]
+        verb = "watch" if watched else "get" if one else "list"
+    elif request.method == "DELETE":
+        verb = "delete" if one else "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}[request.method]
+    return group, resource, verb, namespace
+
+
+def allowed(request: Any) -> bool:
+    """Whether PipelineAccess's Role lets the controller make ``request``."""
+    group, resource, verb, namespace = authorized_as(request)
+    return namespace == OUTPUTS.namespace and any(
+        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        for rule in pipeline_access.RULES
+    )
+
+
+def test_every_call_the_controller_makes_is_one_its_role_allows(
+    env: dict[str, Any], fake: FakeKube
+) -> None:
+    """A run skipped for capacity (its TrainJob deleted), one promoted and one rejected (pods
+    and their logs read, events recorded): each request the controller sent to the API server is
+    one the trn-pipelines Role (constructs_lib.pipeline.RULES) allows, in the namespace; the
+    RBAC a cluster enforces, which the fake API server does not."""
+    fake.requests.clear()
+    env["cluster"].pending = {"train"}
+    assert run(env, "support-29000000")["status"] == "skipped"
+    env["cluster"].pending = set()
+    assert run(env, "support-29010080")["status"] == "promoted"
+    dataset(env["s3"], "tickets", 2)
+    env["cluster"].losses = {"eval-new": 1.8, "eval-base": 1.5}
+    assert run(env, "support-29020160")["status"] == "rejected"
+
+    made = {authorized_as(r) for r in fake.requests}
+    assert {verb for _, _, verb, _ in made} >= {"create", "get", "list", "delete"}
+    assert [authorized_as(r) for r in fake.requests if not allowed(r)] == []
+    # What the Role does not allow is seen as such: nodes are cluster-wide, CronJobs not its own.
+    nodes = replace(fake.requests[0], method="GET", path="/api/v1/nodes", query={})
+    cronjob = replace(nodes, path=f"/apis/batch/v1/namespaces/{OUTPUTS.namespace}/cronjobs/x")
+    assert authorized_as(nodes) == ("", "nodes", "list", None)
+    assert authorized_as(cronjob) == ("batch", "cronjobs", "get", OUTPUTS.namespace)
+    assert not allowed(nodes) and not allowed(cronjob)
