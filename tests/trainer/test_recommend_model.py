@@ -84,11 +84,11 @@ def test_ranks_recall_ndcg_and_mrr_by_hand() -> None:
             [0.9, 0.1, 0.5, 0.3],  # target 0: rank 1
             [0.9, 0.1, 0.5, 0.3],  # target 2: rank 2
             [0.9, 0.1, 0.5, 0.3],  # target 1: rank 4
-            [0.5, 0.5, 0.5, 0.1],  # target 1: ties go to the target: rank 1
+            [0.5, 0.5, 0.5, 0.1],  # target 1: items 0 and 2 tie with it, ahead: rank 3
         ]
     )
     found = ranks(scores, torch.tensor([0, 2, 1, 1]))
-    assert found.tolist() == [1, 2, 4, 1]
+    assert found.tolist() == [1, 2, 4, 3]
     tally = RankTally(k=2)
     tally.add(found[:2])
     other = RankTally(k=2)
@@ -96,9 +96,23 @@ def test_ranks_recall_ndcg_and_mrr_by_hand() -> None:
     tally.merge(other)
     result = tally.result()
     assert result["examples"] == 4
-    assert result["recall@2"] == pytest.approx(3 / 4)
-    assert result["ndcg@2"] == pytest.approx((1 + 1 / math.log2(3) + 0 + 1) / 4)
-    assert result["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 4 + 1) / 4)
+    assert result["recall@2"] == pytest.approx(2 / 4)
+    assert result["ndcg@2"] == pytest.approx((1 + 1 / math.log2(3) + 0 + 0) / 4)
+    assert result["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 4 + 1 / 3) / 4)
+
+
+def test_a_model_that_scores_every_item_alike_ranks_every_target_last() -> None:
+    """Ties and NaN go against the target: a collapsed or diverged model scores recall 0, not
+    the perfect recall that ties to the target would give it."""
+    same = torch.full((3, 5), 0.25)
+    nan = torch.full((3, 5), math.nan)
+    for scores in (same, nan):
+        assert ranks(scores, torch.tensor([0, 2, 4])).tolist() == [5, 5, 5]
+    some_nan = torch.tensor([[0.1, math.nan, 0.3, 0.2]])  # a NaN item is ahead of the target
+    assert ranks(some_nan, torch.tensor([2])).tolist() == [2]
+    tally = RankTally(k=4)
+    tally.add(ranks(same, torch.tensor([0, 2, 4])))
+    assert tally.result()["recall@4"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
 """Ranking figures of held-out interactions scored against the full item set: recall@K,
 NDCG@K and MRR.
 
-Each held-out interaction has one relevant item, its own. Its rank is one plus the number of
-items that score strictly above it (nothing is excluded: items the user met in training count
-too, and a tie goes to the held-out item). With one relevant item, recall@K is whether the rank is
-at most K, NDCG@K is ``1 / log2(1 + rank)`` within K (the ideal DCG is 1) and 0 beyond, and MRR
-is the mean of ``1 / rank`` without a cut-off.
+Each held-out interaction has one relevant item, its own. Its rank is the number of items that
+do not score strictly below it, itself included (nothing is excluded: items the user met in
+training count too). A tie goes against the held-out item, and a NaN score ranks it last: a model
+that scores every item alike, or whose scores are NaN, ranks every target last rather than first
+(with ties to the target it would score a perfect recall). With one relevant item, recall@K is
+whether the rank is at most K, NDCG@K is ``1 / log2(1 + rank)`` within K (the ideal DCG is 1) and
+0 beyond, and MRR is the mean of ``1 / rank`` without a cut-off.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ DEFAULT_K = 10
 
 
 def ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The rank (1 = first) of each row's target among all of the row's items: ``scores``
-    ``(n, items)``, ``targets`` ``(n,)`` item ids; int64 ``(n,)``."""
+    """The rank (1 = first) of each row's target among all of the row's items, ties and NaN
+    against the target (see the module's documentation): ``scores`` ``(n, items)``, ``targets``
+    ``(n,)`` item ids; int64 ``(n,)``."""
     own = scores.gather(1, targets.unsqueeze(1))
-    return (scores > own).sum(dim=1) + 1
+    # Counting the items strictly below (a comparison with NaN is False) puts tied and NaN
+    # items ahead of the target, and a NaN target behind every item.
+    return scores.shape[1] - (scores < own).sum(dim=1)
 
 
 @dataclass
