@@ -162,7 +162,8 @@ class TrainingArgs:
         ):
             raise TrnctlError(
                 f"--best-metric {self.best_metric!r} names an eval figure (eval_loss; with "
-                "--task classify eval_accuracy, eval_macro_f1, eval_micro_f1) and needs "
+                "--task classify eval_accuracy or, multi-label, eval_exact_match, eval_macro_f1, "
+                "eval_micro_f1) and needs "
                 "--eval-every N above 0"
             )
 

@@ -201,6 +201,33 @@ def test_best_metric_needs_eval_and_checkpoints(
     assert "needs eval_every and checkpoint_dir" in capsys.readouterr().err
 
 
+def test_a_best_metric_no_eval_writes_stops_the_run_at_its_first_eval(
+    task: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, data = task
+    log = tmp_path / "m.jsonl"
+    args = _run(model, data, tmp_path / "ck", "--max-steps", "10", "--eval-every", "5")
+    assert cli.main([*args, "--best-metric", "eval_acuracy", "--metrics", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "best_metric 'eval_acuracy' is not a figure" in err and "eval_accuracy" in err
+    assert max(r["step"] for r in metrics.read(log)) == 5  # not trained on to step 10
+
+
+def test_eval_accuracy_is_no_best_metric_of_a_multi_label_run() -> None:
+    import numpy as np
+
+    from trainer import loop
+    from trainer.classify.metrics import Tally
+
+    tally = Tally(("x", "y"), multi_label=True)
+    tally.add(np.array([[1.0, -1.0]]), np.array([[1.0, 0.0]]), np.array([True]))
+    figures = {f"eval_{k}": v for k, v in tally.result().items()}
+    with pytest.raises(ValueError, match="eval_exact_match") as raised:
+        loop.Best("eval_accuracy").improves(figures)
+    assert "'eval_accuracy'" in str(raised.value)
+    assert loop.Best("eval_exact_match").improves(figures)
+
+
 def test_a_resumed_run_keeps_its_best_checkpoint_and_value(tmp_path: Path) -> None:
     from trainer import loop
     from trainer.checkpoint import Checkpointer, open_store

@@ -482,9 +482,10 @@ def _add_task_args(run: argparse.ArgumentParser, d: TrainConfig) -> None:
     run.add_argument(
         "--best-metric",
         default=d.best_metric,
-        help="an eval figure (eval_loss; with --task classify eval_accuracy, eval_macro_f1, "
-        "eval_micro_f1): each eval that improves it writes a checkpoint kept beside the newest "
-        "(export --best); needs --eval-every and --checkpoint-dir",
+        help="an eval figure (eval_loss; with --task classify eval_accuracy or, multi-label, "
+        "eval_exact_match, eval_macro_f1, eval_micro_f1): each eval that improves it writes a "
+        "checkpoint kept beside the newest (export --best); needs --eval-every and "
+        "--checkpoint-dir",
     )
 
 

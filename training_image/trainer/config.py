@@ -422,7 +422,8 @@ class TrainConfig:
         ):
             raise ValueError(
                 f"best_metric {self.best_metric!r} names an eval record's figure (eval_loss; "
-                "classify: eval_accuracy, eval_macro_f1, eval_micro_f1; recommend: "
+                "classify: eval_accuracy or, multi-label, eval_exact_match, eval_macro_f1, "
+                "eval_micro_f1; recommend: "
                 "eval_recall@10, eval_ndcg@10, eval_mrr) and needs eval_every and "
                 "checkpoint_dir"
             )

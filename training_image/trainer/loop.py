@@ -299,7 +299,24 @@ class Best:
     value: float | None = None
 
     def improves(self, figures: dict[str, object]) -> bool:
-        """Whether ``figures`` beat the best so far (which they then become)."""
+        """Whether ``figures`` (an eval record's) beat the best so far (which they then become);
+        False where the figure is there but not a number (an eval loss of no targets).
+
+        Raises:
+            ValueError: the eval has no figure named ``metric`` (a misspelt name, or
+                ``eval_accuracy`` of a multi-label run, whose evals write ``eval_exact_match``):
+                the run would otherwise train to its end keeping no best checkpoint.
+        """
+        if self.metric not in figures:
+            numbers = sorted(
+                k
+                for k, v in figures.items()
+                if isinstance(v, int | float | None) and not isinstance(v, bool)
+            )
+            raise ValueError(
+                f"best_metric {self.metric!r} is not a figure of this run's evals; allowed: "
+                f"{', '.join(numbers)}"
+            )
         found = figures.get(self.metric)
         if not isinstance(found, int | float):
             return False

@@ -151,9 +151,10 @@ def job_submit(
         str | None,
         typer.Option(
             "--best-metric",
-            help="An eval figure (eval_loss; with --task classify eval_accuracy, "
-            "eval_macro_f1, eval_micro_f1): each eval that improves it writes a checkpoint kept "
-            "beside the newest, which `trnctl job export --best` exports. Needs --eval-every.",
+            help="An eval figure (eval_loss; with --task classify eval_accuracy or, multi-label, "
+            "eval_exact_match, eval_macro_f1, eval_micro_f1): each eval that improves it "
+            "writes a checkpoint kept beside the newest, which `trnctl job export --best` "
+            "exports. Needs --eval-every.",
         ),
     ] = None,
     precompile: Annotated[
