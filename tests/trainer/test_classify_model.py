@@ -395,3 +395,15 @@ def test_bert_with_legacy_layer_norm_names_loads_as_transformers_loads_it(tmp_pa
         expected = _their_logits(theirs, tokens)
         got = ours.scores(tokens)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+
+
+def test_a_bert_export_says_its_dtype_under_both_names(tmp_path: Path) -> None:
+    """A checkpoint whose config.json has transformers 4.x's ``torch_dtype`` exported in
+    another dtype: both names say the exported one (older readers take ``torch_dtype``)."""
+    _bert().save_pretrained(tmp_path / "m")
+    raw = json.loads((tmp_path / "m" / hf_config.CONFIG).read_text())
+    raw["torch_dtype"] = "float32"
+    ours = load_classifier(tmp_path / "m", seq_len=SEQ)
+    export.save_classifier(ours.state_dict(), raw, ours.spec, tmp_path / "out", dtype="bfloat16")
+    config = json.loads((tmp_path / "out" / hf_config.CONFIG).read_text())
+    assert (config["dtype"], config["torch_dtype"]) == ("bfloat16", "bfloat16")

@@ -37,7 +37,14 @@ def classifier_config(raw: Mapping[str, Any], head: HeadSpec, dtype: str) -> dic
         **causal,
         "architectures": [name.removesuffix("ForCausalLM") + "ForSequenceClassification"],
     }
-    config.update(head.config_fields(), dtype=dtype)
+    config.update(head.config_fields())
+    return _with_dtype(config, dtype)
+
+
+def _with_dtype(config: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """``config`` saying ``dtype`` in ``dtype`` and, where it has it, in ``torch_dtype`` (the
+    older name, which older readers of the directory still take)."""
+    config["dtype"] = dtype
     if "torch_dtype" in config:
         config["torch_dtype"] = dtype
     return config
@@ -71,7 +78,7 @@ def save_classifier(
         raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
     if encoder.is_bert(raw_config):
         config = {**raw_config, "architectures": [encoder.CLASSIFIER], **head.config_fields()}
-        config.update(dtype=name)
+        config = _with_dtype(config, name)
         # BERT's parameters carry transformers' names already.
         tensors = {
             k: v.to(hf_export.DTYPES[name], copy=True).contiguous() for k, v in state.items()
