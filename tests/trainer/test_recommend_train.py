@@ -160,6 +160,8 @@ def test_a_resumed_recommendation_run_is_exact(prepared: Path, tmp_path: Path) -
     [
         (["--parallel", "fsdp"], r"parallel 'fsdp' is not available with task recommend"),
         (["--embedding-dim", "0"], r"embedding_dim must be >= 1, got 0"),
+        (["--micro-batch", "1"], r"micro_batch 1 leaves a row no in-batch negatives: task "),
+        (["--micro-batch", "-2"], r"micro_batch must be >= 0 \(0: the default\), got -2"),
         (["--temperature", "-1"], r"temperature must be a number above 0, got -1.0"),
     ],
 )

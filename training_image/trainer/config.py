@@ -353,6 +353,8 @@ class TrainConfig:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, name)}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0 (0: count steps), got {self.epochs}")
+        if self.micro_batch < 0:
+            raise ValueError(f"micro_batch must be >= 0 (0: the default), got {self.micro_batch}")
         if self.epochs and self.max_steps is not None:
             raise ValueError(
                 f"max_steps {self.max_steps} and epochs {self.epochs} exclude each other: "
@@ -391,6 +393,13 @@ class TrainConfig:
             )
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        if self.batch_per_rank < 2:
+            # A row's negatives are the other rows of its micro-batch: with one row the
+            # softmax has the positive alone, its loss and gradients are zero.
+            raise ValueError(
+                f"micro_batch {self.batch_per_rank} leaves a row no in-batch negatives: task "
+                "recommend needs at least 2 (default 256)"
+            )
         if self.shard_embeddings not in SHARD_EMBEDDINGS:
             raise ValueError(
                 f"shard_embeddings {self.shard_embeddings!r} is not one of "
