@@ -35,17 +35,20 @@ def test_sharded_tables_give_the_unsharded_loss_and_gradients(two_ranks: TwoRank
     assert [r["ranges"]["user_tower.tables.0"] for r in results] == [[0, 4], [4, 7]]
     for rank in (0, 1):
         saved = torch.load(two_ranks.root / "recommend-shards" / f"rank-{rank}.pt")
-        full, split = saved["full"], saved["split"]
-        for key in ("loss", "users", "items"):
-            assert_fp32_close(split[key], full[key], msg=f"rank {rank} {key}")
-        for name, grad in split["grads"].items():
-            expected = full["grads"][name]
-            table = name.removesuffix(".weight")
-            if table in saved["ranges"]:
-                start, stop = saved["ranges"][table]
-                expected = expected[start:stop]
-            assert_fp32_close(grad, expected, msg=f"rank {rank} {name}")
-        assert set(split["grads"]) == set(full["grads"])
+        full = saved["full"]
+        # Eager, and compiled as one graph (aot_eager: the collectives traced by Dynamo).
+        for label in ("split", "compiled"):
+            split = saved[label]
+            for key in ("loss", "users", "items"):
+                assert_fp32_close(split[key], full[key], msg=f"rank {rank} {label} {key}")
+            for name, grad in split["grads"].items():
+                expected = full["grads"][name]
+                table = name.removesuffix(".weight")
+                if table in saved["ranges"]:
+                    start, stop = saved["ranges"][table]
+                    expected = expected[start:stop]
+                assert_fp32_close(grad, expected, msg=f"rank {rank} {label} {name}")
+            assert set(split["grads"]) == set(full["grads"])
 
 
 @pytest.mark.slow

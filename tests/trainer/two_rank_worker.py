@@ -76,11 +76,12 @@ def open_per_rank(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
 
 
 def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, Any]:
-    """A two-tower model with row-sharded tables against the unsharded one drawn from the same
-    seed, each rank on its own rows of one batch (one of rank 1's empty): the losses, the item
-    and user vectors, and the gradients after DDP's mean over ranks (done here by hand on
-    every gradient the sharded tables leave to it, a sharded table's under its table's
-    ``.weight``), saved as ``rank-N.pt``."""
+    """A two-tower model with row-sharded tables, eager (``split``) and compiled whole as the
+    loop compiles a step (``compiled``: aot_eager, one graph), against the unsharded one drawn
+    from the same seed, each rank on its own rows of one batch (one of rank 1's empty): the
+    losses, the item and user vectors, and the gradients after DDP's mean over ranks (done here
+    by hand on every gradient the sharded tables leave to it, a sharded table's under its
+    table's ``.weight``), saved as ``rank-N.pt``."""
     import torch.distributed as dist
 
     from trainer.recommend import sharding
@@ -92,14 +93,22 @@ def recommend_shards(job: dict[str, Any], ranks: parallel.Ranks) -> dict[str, An
     full = TwoTower(cfg, features, counts)
     torch.manual_seed(0)
     split = TwoTower(cfg, features, counts, sharding.sharded_tables())
+    torch.manual_seed(0)
+    compiled = TwoTower(cfg, features, counts, sharding.sharded_tables())
+    torch._dynamo.reset()
+    step = torch.compile(compiled, backend="aot_eager", fullgraph=True, dynamic=False)
     generator = torch.Generator().manual_seed(1)
     columns = [7, 11, 12, 12, 4]  # user, item, history + 1 (two), region + 1
     rows = torch.stack([torch.randint(0, n, (12,), generator=generator) for n in columns], 1)
     mine = rows[6 * ranks.rank : 6 * (ranks.rank + 1)]
     real = torch.tensor([True] * 5 + [ranks.rank == 0])
     saved: dict[str, Any] = {}
-    for label, model in (("full", full), ("split", split)):
-        loss = model(mine, real)
+    for label, model, forward in (
+        ("full", full, full),
+        ("split", split, split),
+        ("compiled", compiled, step),
+    ):
+        loss = forward(mine, real)
         loss.backward()
         sharded = set(sharding.sharded_parameter_names(model))
         grads = {}
