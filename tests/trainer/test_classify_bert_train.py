@@ -257,3 +257,47 @@ def test_a_multi_label_bert_learns_which_classes_a_text_holds(
     # Each class above probability 0.5 (sigmoids: they need not add up to 1).
     assert record["labels"] == [n for n, p in sorted(record["scores"].items()) if p > 0.5]
     assert set(record["scores"]) == set(WORDS) and "finance" in record["labels"], record
+
+
+def test_a_long_document_keeps_its_sep_as_transformers_truncation_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows cut to the sequence length end with BERT's [SEP], as a tokenizer's
+    ``truncation=True`` makes them: training, eval and predict see what transformers' pipeline
+    serves; a decoder's tokenizer appends nothing, so its rows are the first tokens."""
+    from transformers import AutoTokenizer, pipeline
+
+    from trainer import tokenizing
+    from trainer.classify.data import ClassifySampler, open_labels, tail_tokens
+    from trainer.data import open_dataset
+
+    model = hf_tiny.bert_dir(tmp_path)
+    texts = [" ".join(f"w{j}" for j in range(i, i + 3 * SEQ)) for i in range(1, 6)]
+    texts += [f"w{i} w{i + 1}" for i in range(1, 6)]  # and shorter ones, untouched
+    docs = [{"text": t, "label": "long" if len(t.split()) > 2 else "short"} for t in texts]
+    source, data = write_jsonl(tmp_path / "docs.jsonl", docs), tmp_path / "data"
+    prepare = ["prepare-data", "--format", "classify", "--tokenizer", str(model), "--input"]
+    split = ["--seq-len", str(SEQ), "--eval-fraction", "0"]
+    assert cli.main([*prepare, str(source), "--out", str(data), *split]) == 0
+    labels = open_labels(data)
+    assert labels.tail == 1
+    sampler = ClassifySampler(
+        open_dataset(data), labels.train, pad_token_id=0, seq_len=SEQ, micro_batch=10, seed=0,
+        shuffle=False, tail=labels.tail,
+    )  # fmt: skip
+    rows, _, _ = sampler.batch(0)
+    tok = AutoTokenizer.from_pretrained(model)
+    truncated = tok(texts, truncation=True, max_length=SEQ, padding="max_length")["input_ids"]
+    assert sorted(map(tuple, rows.tolist())) == sorted(map(tuple, truncated))
+    assert tail_tokens(tokenizing.HfTokenizer(hf_tiny.model_dir(tmp_path, "llama"))) == 0
+
+    config = json.loads((model / "config.json").read_text())
+    names = {"id2label": {"0": "long", "1": "short"}, "label2id": {"long": 0, "short": 1}}
+    (model / "config.json").write_text(json.dumps({**config, **names}))
+    lines, scored = write_jsonl(tmp_path / "new.jsonl", [{"text": texts[0]}]), tmp_path / "s.jsonl"
+    args = ["predict", "--model", str(model), "--input", str(lines), "--out", str(scored)]
+    assert cli.main([*args, "--seq-len", str(SEQ)]) == 0
+    (record,) = [json.loads(r) for r in scored.read_text().splitlines()]
+    served = pipeline("text-classification", model=str(model), top_k=None)
+    (theirs,) = served([texts[0]], truncation=True, max_length=SEQ)
+    assert record["scores"] == pytest.approx({s["label"]: s["score"] for s in theirs}, rel=1e-4)

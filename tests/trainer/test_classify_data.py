@@ -344,3 +344,11 @@ def test_eval_and_predict_of_a_classifier_agree_with_transformers(
         assert got["text"] == record["text"] and "id" in got
         assert got["label"] == sorted(WORDS)[int(probs.argmax())]
         assert [got["scores"][n] for n in sorted(WORDS)] == pytest.approx(probs.tolist(), rel=1e-4)
+
+
+def test_a_cut_row_keeps_its_tail_where_there_is_room() -> None:
+    tokens = np.arange(10)
+    assert cdata.cut_row(tokens, 4, 1).tolist() == [0, 1, 2, 9]
+    assert cdata.cut_row(tokens, 4, 0).tolist() == [0, 1, 2, 3]
+    assert cdata.cut_row(tokens, 1, 1).tolist() == [0]  # no room for a text token: the first
+    assert cdata.cut_row(tokens, 12, 1).tolist() == tokens.tolist()  # short enough: whole

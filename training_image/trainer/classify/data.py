@@ -22,7 +22,11 @@ all but one, chosen by the lowest SHA-256 of their tokens and labels as
 instead.
 
 Batches (:class:`ClassifySampler`): each row one example, its first ``seq_len`` tokens and then
-the pad token (the tokenizer's, else its EOS) up to ``seq_len``: one static shape. Epoch ``e``
+the pad token (the tokenizer's, else its EOS) up to ``seq_len``: one static shape. A document
+longer than that keeps the special tokens its tokenizer appends after a text (the manifest's
+``tail_tokens``, :func:`tail_tokens`: BERT's ``[SEP]``), as transformers' tokenizers truncate
+(``truncation=True`` cuts the text, not the special tokens), so a served model sees what it
+trained on. Epoch ``e``
 visits every example once in an order drawn from ``(seed, e)``; its last step is filled up with
 empty rows, which no loss or metric counts.
 """
@@ -200,6 +204,30 @@ def _write_npy(path: Path, array: np.ndarray) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def tail_tokens(tokenizer: tokenizing.HfTokenizer) -> int:
+    """How many special tokens ``tokenizer`` appends after a text (BERT's ``[SEP]``: 1; a
+    decoder's tokenizer, which adds at most a BOS: 0): what follows a probe's own tokens in its
+    tokenization with special tokens."""
+    probe = "a"
+    full = list(tokenizer.tok(probe)["input_ids"])
+    bare = list(tokenizer.tok(probe, add_special_tokens=False)["input_ids"])
+    for at in range(len(full) - len(bare) + 1):
+        if bare and full[at : at + len(bare)] == bare:
+            return len(full) - at - len(bare)
+    return 0
+
+
+def cut_row(tokens: np.ndarray, seq_len: int, tail: int) -> np.ndarray:
+    """A document's ``tokens`` cut to ``seq_len``: its first tokens and, where it is longer, its
+    last ``tail`` (the special tokens the tokenizer appended, kept as transformers' truncation
+    keeps them; none where ``seq_len`` leaves no room for a text token)."""
+    if tokens.size <= seq_len:
+        return tokens
+    if not 0 < tail < seq_len:
+        return tokens[:seq_len]
+    return np.concatenate([tokens[: seq_len - tail], tokens[tokens.size - tail :]])
+
+
 def _cut(tokens: Sequence[np.ndarray], seq_len: int) -> CutReport:
     lengths = np.asarray([t.size for t in tokens], dtype=np.int64)
     return cut_report(lengths, np.minimum(lengths, seq_len), seq_len)
@@ -324,6 +352,7 @@ def _write(
         "num_labels": len(names),
         "multi_label": multi,
         "pad_token_id": pad_token_id(tokenizer),
+        "tail_tokens": tail_tokens(tokenizer),
         "label_arrays": arrays,
         "class_counts": counts,
     }
@@ -363,14 +392,16 @@ def counts_line(manifest: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class Labels:
     """A classification dataset's classes: their names, whether it is multi-label, the pad
-    token id of its rows, and each split's label array in stored order (``eval`` None when it
-    has no held-out split)."""
+    token id of its rows, each split's label array in stored order (``eval`` None when it has no
+    held-out split), and the special tokens a cut row keeps at its end (``tail``, default 0: a
+    dataset prepared before the manifest recorded them)."""
 
     names: tuple[str, ...]
     multi_label: bool
     pad_token_id: int
     train: np.ndarray
     eval: np.ndarray | None
+    tail: int = 0
 
     @property
     def num_labels(self) -> int:
@@ -427,6 +458,7 @@ def open_labels(root: str | Path, *, verify: bool = True) -> Labels:
         int(entry["pad_token_id"]),
         arrays["train"],
         held if held is not None and held.shape[0] else None,
+        int(entry.get("tail_tokens", 0)),
     )
 
 
@@ -435,7 +467,8 @@ class ClassifySampler:
 
     Each step's global batch is ``micro_batch * world_size * grad_accum`` rows of the epoch's
     order; micro-step ``m`` of rank ``r`` reads block ``m * world_size + r``. ``shuffle``
-    False (eval) keeps the stored order.
+    False (eval) keeps the stored order. ``tail`` (default 0): the special tokens a row cut to
+    ``seq_len`` keeps at its end (:func:`cut_row`).
 
     Raises:
         ValueError: the dataset is not of examples, or ``labels`` does not have a row per
@@ -455,13 +488,14 @@ class ClassifySampler:
         world_size: int = 1,
         grad_accum: int = 1,
         shuffle: bool = True,
+        tail: int = 0,
     ) -> None:
         if dataset.index is None:
             raise ValueError(f"{dataset.root} is a token stream, not a dataset of examples")
         self.dataset, self.labels, self.pad = dataset, labels, pad_token_id
         self.seq_len, self.micro_batch, self.seed = seq_len, micro_batch, seed
         self.rank, self.world_size, self.grad_accum = rank, world_size, grad_accum
-        self.shuffle = shuffle
+        self.shuffle, self.tail = shuffle, tail
         shards, starts, ends = [], [], []
         for s, offsets in enumerate(dataset.index):
             bounds = np.asarray(offsets, dtype=np.int64)
@@ -520,8 +554,10 @@ class ClassifySampler:
         for i, example in enumerate(picks):
             if example < 0:
                 continue
-            start = int(self._start[example])
-            end = min(int(self._end[example]), start + self.seq_len)
-            rows[i, : end - start] = self.dataset.shards[self._shard[example]][start:end]
+            start, end = int(self._start[example]), int(self._end[example])
+            row = cut_row(
+                self.dataset.shards[self._shard[example]][start:end], self.seq_len, self.tail
+            )
+            rows[i, : row.size] = row
             labels[i] = self.labels[example]
         return torch.from_numpy(rows), torch.from_numpy(labels), torch.from_numpy(picks >= 0)

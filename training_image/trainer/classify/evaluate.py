@@ -23,7 +23,7 @@ import torch
 from trainer import data, device, hf_config, hf_export, lora, tokenizing
 from trainer.checkpoint import Checkpointer, CheckpointError, open_store
 from trainer.classify import encoder
-from trainer.classify.data import ClassifySampler, Labels, open_labels
+from trainer.classify.data import ClassifySampler, Labels, cut_row, open_labels, tail_tokens
 from trainer.classify.load import Classifier, load_classifier
 from trainer.classify.metrics import Tally
 from trainer.classify.model import classifier_head, from_state, loss_sum
@@ -133,6 +133,7 @@ def run(
         micro_batch=micro_batch,
         seed=0,
         shuffle=False,
+        tail=labels.tail,
     )
     backend = device.resolve(device_name, compile_backend="none").start()
     model = model.to(backend.device).eval()
@@ -237,7 +238,8 @@ def predict(
     """``trn-train predict``: each JSON line of ``input_path`` (a ``text`` field, other fields
     kept) written to ``out`` with the :func:`prediction` of ``model_dir``'s classifier beside
     its fields, its text tokenized by the tokenizer in ``model_dir`` and cut at ``seq_len``
-    (0: as ``run --model`` takes it). Returns the lines written.
+    (0: as ``run --model`` takes it) as training cuts it
+    (:func:`~trainer.classify.data.cut_row`). Returns the lines written.
 
     Raises:
         ValueError: a line without a string ``text``; see
@@ -250,15 +252,15 @@ def predict(
     backend = device.resolve(device_name, compile_backend="none").start()
     model = model.to(backend.device).eval()
     records = list(_texts(Path(input_path)))
-    length, pad = model.cfg.seq_len, model.spec.pad_token_id
+    length, pad, tail = model.cfg.seq_len, model.spec.pad_token_id, tail_tokens(tokenizer)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f, torch.no_grad():
         for start in range(0, len(records), micro_batch):
             chunk = records[start : start + micro_batch]
             rows = torch.full((micro_batch, length), pad, dtype=torch.int64)
             for i, (_, text) in enumerate(chunk):
-                ids = tokenizer.tok(text)["input_ids"][:length]
-                rows[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+                ids = cut_row(np.asarray(tokenizer.tok(text)["input_ids"]), length, tail)
+                rows[i, : ids.size] = torch.from_numpy(ids.astype(np.int64))
             logits = model.scores(rows.to(backend.device)).float().cpu()
             for (record, _), row in zip(chunk, logits, strict=False):
                 f.write(json.dumps({**record, **prediction(row, model)}) + "\n")

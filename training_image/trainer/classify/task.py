@@ -180,6 +180,7 @@ def build(
     labels = open_labels(cfg.data, verify=cfg.verify_data)
     options: dict[str, Any] = {
         "pad_token_id": labels.pad_token_id,
+        "tail": labels.tail,
         "seq_len": model.seq_len,
         "micro_batch": cfg.batch_per_rank,
         "seed": cfg.seed,
