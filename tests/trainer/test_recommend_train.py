@@ -16,6 +16,7 @@ from test_recommend_data import interactions, write_jsonl
 
 from trainer import cli, metrics
 from trainer.checkpoint import Checkpointer, LocalStore
+from trainer.config import TrainConfig
 from trainer.data import open_dataset
 from trainer.recommend import evaluate as rec_eval
 from trainer.recommend import export as rec_export
@@ -174,6 +175,15 @@ def test_recommend_flags_are_checked(
 ) -> None:
     assert cli.main([*_run(prepared, tmp_path / "ck"), *extra]) == cli.USAGE
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("field", "value"), [("embedding_dim", 32), ("temperature", 0.1)])
+def test_the_two_tower_fields_need_task_recommend(field: str, value: float) -> None:
+    """Another task has no two-tower model: a width or temperature set for it would go unused."""
+    message = rf"{field} {value} needs task recommend \(task 'causal-lm' has no two-tower model\)"
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(data="d", **{field: value}).validate()  # type: ignore[arg-type]
+    TrainConfig(data="d", task="recommend", **{field: value}).validate()  # type: ignore[arg-type]
 
 
 def test_tasks_and_data_must_match(

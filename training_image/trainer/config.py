@@ -156,6 +156,10 @@ LORA_WEIGHT_DECAY = 0.0
 # AdamW's rate for embedding tables and small MLPs; DDP, big tables being split row-wise across
 # the ranks by the model itself (trainer.recommend.sharding).
 RECOMMEND_DEFAULTS = RunDefaults(micro_batch=256, parallel="ddp", lr=3e-3)
+# The two-tower model's width and softmax temperature unless set (trainer.recommend.model's
+# DEFAULT_DIM and DEFAULT_TEMPERATURE); another task refuses either set otherwise.
+RECOMMEND_EMBEDDING_DIM = 64
+RECOMMEND_TEMPERATURE = 0.05
 # The sequence length of a --model run without --seq-len, capped at max_position_embeddings.
 MODEL_SEQ_LEN = 2048
 # Steps of a run given neither max_steps nor epochs.
@@ -269,8 +273,8 @@ class TrainConfig:
     task: str = "causal-lm"
     class_weights: str = "none"
     best_metric: str = ""
-    embedding_dim: int = 64
-    temperature: float = 0.05
+    embedding_dim: int = RECOMMEND_EMBEDDING_DIM
+    temperature: float = RECOMMEND_TEMPERATURE
     shard_embeddings: str = "auto"
 
     @property
@@ -424,6 +428,16 @@ class TrainConfig:
             raise ValueError(f"class_weights {self.class_weights!r} needs task classify")
         if self.shard_embeddings == "on" and self.task != "recommend":
             raise ValueError("shard_embeddings 'on' needs task recommend")
+        for name, default in (
+            ("embedding_dim", RECOMMEND_EMBEDDING_DIM),
+            ("temperature", RECOMMEND_TEMPERATURE),
+        ):
+            if self.task != "recommend" and getattr(self, name) != default:
+                # Only the two-tower model reads them: a set value would go unused.
+                raise ValueError(
+                    f"{name} {getattr(self, name)} needs task recommend (task {self.task!r} "
+                    "has no two-tower model)"
+                )
         if self.task == "recommend":
             self._validate_recommend()
         if self.best_metric and not (
