@@ -5,9 +5,8 @@ tensors :mod:`trainer.hf_llama`'s; writing them is :mod:`trainer.hf_export`.
 
 Loading (:func:`load_pretrained`) builds the model on the meta device and assigns the tensors
 read from the safetensors files (memory-mapped by the library) as FP32 parameters: no random
-initialization, and one FP32 copy of the weights in the process that reads, in memory advised for
-transparent huge pages (see :func:`_empty_on_huge_pages`), converted on one intra-op thread (see
-:func:`_one_intra_op_thread`). A run on several
+initialization, and one FP32 copy of the weights in the process that reads, converted on one
+intra-op thread (see :func:`_one_intra_op_thread`). A run on several
 FSDP2 ranks reads on rank 0 alone and broadcasts into the other ranks' shards (see
 :func:`trainer.loop.build_model`).
 """
@@ -17,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
-import mmap
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,8 +40,6 @@ CARRIED = (CONFIG, "generation_config.json", *tokenizing.TOKENIZER_FILES)
 READ_LOG_ENV = "TRN_WEIGHTS_READ_LOG"
 # Tensors some checkpoints carry that are not weights (RoPE tables saved by old versions).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# The transparent huge page of x86-64 and of arm64 with 4 KiB pages (a PMD's reach).
-HUGE_PAGE = 2 << 20
 
 
 class HFWeightsError(ValueError):
@@ -131,7 +126,7 @@ def _read_weights(
                 )
             return piece
 
-        return hf_llama.from_hf(cfg, expected, read, _empty_on_huge_pages)
+        return hf_llama.from_hf(cfg, expected, read)
 
 
 def _record_read(paths: Sequence[Path]) -> None:
@@ -150,34 +145,6 @@ def _opened(paths: Sequence[Path]) -> Iterator[dict[Path, Any]]:
 
 def _shapes(model: GPT) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def _empty_on_huge_pages(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialized FP32 tensor of ``shape``; one of :data:`HUGE_PAGE` bytes or more in a
-    private anonymous mapping of its own, advised for transparent huge pages (``MADV_HUGEPAGE``)
-    and aligned to them, which the tensor keeps alive and whose bytes past it are never touched.
-
-    Why: the kernel zeroes fresh memory at its first write, a page fault each 4 KiB page. On the
-    project's 2-core VM at load 2.6 to 3, bench/hf_bench.py's rounds (its ~155M BF16 parameters
-    loaded again and again in one process) took 153,000 faults and a median 0.25 s a load; in
-    huge pages, 1,400 faults and 0.15 s. The first load of a process there took 0.7 to 1.6 s in
-    huge pages against 0.22 to 0.24 s: that VM's balloon device reports free 2 MiB blocks to its
-    host (free page reporting), which backs each again at its first touch, while 4 KiB pages
-    come from the smaller free blocks the guest keeps. torch's own allocator advises huge pages
-    only with THP_MEM_ALLOC_ENABLE set before its first allocation, for the whole process. Where
-    the system's THP setting is ``never`` this is a plain mapping; where Python's mmap lacks
-    ``MADV_HUGEPAGE`` (not Linux), and for smaller tensors, it is ``torch.empty``."""
-    count = math.prod(shape)
-    nbytes = count * 4
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape, dtype=torch.float32)
-    # Whole huge pages, plus one to align the start where the kernel does not.
-    pages = -(-nbytes // HUGE_PAGE)
-    region = mmap.mmap(-1, (pages + 1) * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
-    address = torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr()
-    start = -address % HUGE_PAGE  # bytes to the first huge-page boundary
-    return torch.frombuffer(region, dtype=torch.float32, count=count, offset=start).view(shape)
 
 
 @contextlib.contextmanager

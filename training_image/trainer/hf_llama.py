@@ -60,19 +60,17 @@ def from_hf(
     cfg: ModelConfig,
     shapes: Mapping[str, tuple[int, ...]],
     read: Callable[[str, tuple[int, ...]], torch.Tensor],
-    empty: Callable[[tuple[int, ...]], torch.Tensor],
 ) -> dict[str, torch.Tensor]:
     """Our state of ``cfg``'s model (parameters of ``shapes``) from the Hugging Face tensors
     that ``read(name, shape)`` gives (checked by it against the shape given): one FP32 tensor
-    per parameter, made uninitialized by ``empty(shape)`` and filled by converting each piece as
-    it is copied into its rows (no FP32 copy of a piece and no concatenation after); a tied
-    output head is the embedding."""
+    per parameter, each piece converted as it is copied into its rows (no FP32 copy of a piece
+    and no concatenation after); a tied output head is the embedding."""
     state: dict[str, torch.Tensor] = {}
     for ours, parts in names(cfg).items():
         if ours == "head.weight" and cfg.tie_embeddings:
             state[ours] = state["tok.weight"]
             continue
-        fused = empty(shapes[ours])
+        fused = torch.empty(shapes[ours], dtype=torch.float32)
         start = 0
         for hf, rows in parts:
             fused[start : start + rows].copy_(read(hf, (rows, *shapes[ours][1:])))
