@@ -407,3 +407,15 @@ def test_a_bert_export_says_its_dtype_under_both_names(tmp_path: Path) -> None:
     export.save_classifier(ours.state_dict(), raw, ours.spec, tmp_path / "out", dtype="bfloat16")
     config = json.loads((tmp_path / "out" / hf_config.CONFIG).read_text())
     assert (config["dtype"], config["torch_dtype"]) == ("bfloat16", "bfloat16")
+
+
+def test_a_bert_without_a_classifier_is_not_loaded_as_one(tmp_path: Path) -> None:
+    """A masked LM whose config names classes (as some fine-tuned checkpoints' do) is refused by
+    eval and predict's loader instead of scoring with a classifier drawn at random."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    labels = {"id2label": dict(enumerate(NAMES)), "label2id": {n: i for i, n in enumerate(NAMES)}}
+    config = BertConfig(**BERT_SHAPE, pad_token_id=PAD, **labels)
+    BertForMaskedLM(config).save_pretrained(tmp_path / "mlm")
+    with pytest.raises(hf.HFWeightsError, match="holds no classifier weights"):
+        load_classifier(tmp_path / "mlm", seq_len=SEQ)

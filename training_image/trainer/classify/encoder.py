@@ -382,7 +382,8 @@ def load(
     Raises:
         hf_config.HFConfigError: see :func:`parse_config` and
             :func:`trainer.classify.model.head_of`.
-        hf.HFWeightsError: the weights do not fit the config.
+        hf.HFWeightsError: the weights do not fit the config, or (``head`` None) hold no
+            classifier.
     """
     raw = hf_config.read_config(model_dir)
     source = Path(model_dir) / hf_config.CONFIG
@@ -395,9 +396,15 @@ def load(
     state = read_state(model_dir)
     if new_head:
         state = {k: v for k, v in state.items() if not k.startswith("classifier.")}
-    for name, shape in expected.items():
-        if name.startswith(("classifier.", "bert.pooler.")) and name not in state:
-            state[name] = _drawn(shape, name.endswith(".bias"))
+        for name, shape in expected.items():
+            if name.startswith(("classifier.", "bert.pooler.")) and name not in state:
+                state[name] = _drawn(shape, name.endswith(".bias"))
+    elif "classifier.weight" not in state:
+        # A classifier to evaluate or predict with is never drawn: its scores would be noise.
+        raise hf.HFWeightsError(
+            f"{model_dir}: holds no classifier weights (classifier.weight): not a "
+            f"{CLASSIFIER}; `trn-train run --task classify --model` trains one on it"
+        )
     found = {k: tuple(v.shape) for k, v in state.items()}
     if found != expected:
         wrong = sorted(set(found.items()) ^ set(expected.items()))[:5]
