@@ -1,16 +1,21 @@
 """``prepare-data --format interactions``: sorted id maps, the split by time, each row's history
-and features, JSON lines and CSV alike, the files' checks and staging list, every validation
-message, and the rows the sampler makes of them."""
+and features, JSON lines, CSV and Parquet alike (byte for byte), the files' checks and staging
+list, every validation message, and the rows the sampler makes of them."""
 
 from __future__ import annotations
 
 import csv
 import json
 import random
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from trainer import cli, data
@@ -125,6 +130,168 @@ def test_csv_makes_the_same_dataset_as_json_lines(tmp_path: Path) -> None:
     np.testing.assert_array_equal(a.item_features, b.item_features)
 
 
+def write_parquet(path: Path, columns: dict[str, pa.Array]) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+def test_json_lines_csv_and_parquet_make_byte_identical_datasets(tmp_path: Path) -> None:
+    records = interactions(users=20, per_user=5)
+    columns = ["user_id", "item_id", "timestamp", "region", "category"]
+    texts = [{**r, "timestamp": repr(r["timestamp"])} for r in records]
+    parquet = {
+        "user_id": pa.array([r["user_id"] for r in records], pa.large_string()),
+        "item_id": pa.array([r["item_id"] for r in records], pa.int32()),
+        "timestamp": pa.array([r["timestamp"] for r in records], pa.float64()),
+        # As pandas writes a categorical: a dictionary of strings.
+        "region": pa.array([r["region"] for r in records]).dictionary_encode(),
+        "category": pa.array([r["category"] for r in records]),
+    }
+    sources = {
+        "j": write_jsonl(tmp_path / "i.jsonl", records),
+        "c": write_csv(tmp_path / "i.csv", texts, columns),
+        "p": write_parquet(tmp_path / "i.parquet", parquet),
+    }
+    for name, source in sources.items():
+        (tmp_path / name).mkdir()
+        _prepared(tmp_path / name, source)
+    want = _files(tmp_path / "j" / "out")
+    assert "manifest.json" in want and "items.json" in want
+    assert _files(tmp_path / "c" / "out") == want
+    assert _files(tmp_path / "p" / "out") == want
+
+
+@pytest.mark.parametrize(
+    ("unit", "zone"), [("ms", None), ("us", "UTC"), ("ns", "Europe/Paris"), ("s", None)]
+)
+def test_a_parquet_timestamp_column_is_the_iso_time_of_the_same_instant(
+    tmp_path: Path, unit: str, zone: str | None
+) -> None:
+    rng = random.Random(1)
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    step = timedelta(seconds=1) if unit == "s" else timedelta(milliseconds=1)
+    times = [start + rng.randrange(10**7) * step for _ in range(60)]
+    records = [{"user_id": k % 7, "item_id": k % 11} for k in range(60)]
+    # JSON lines hold them without a zone (read as UTC); Parquet as instants in `zone`.
+    texts = [t.replace(tzinfo=None).isoformat() for t in times]
+    write_jsonl(
+        tmp_path / "i.jsonl", [{**r, "timestamp": t} for r, t in zip(records, texts, strict=True)]
+    )
+    kind = pa.timestamp(unit, tz=zone)
+    stored = [t if zone else t.replace(tzinfo=None) for t in times]
+    columns = {k: pa.array([r[k] for r in records], pa.int64()) for k in ("user_id", "item_id")}
+    write_parquet(tmp_path / "i.parquet", {**columns, "timestamp": pa.array(stored, kind)})
+    for name in ("jsonl", "parquet"):
+        rdata.prepare(tmp_path / name, tmp_path / f"i.{name}", history=3, eval_fraction=0.3)
+    assert _files(tmp_path / "parquet") == _files(tmp_path / "jsonl")
+
+
+PARQUET_ROWS = {
+    "user_id": pa.array(["a", "b", "c"]),
+    "item_id": pa.array([1, 2, 3]),
+    "timestamp": pa.array([1.0, 2.0, 3.0]),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"timestamp": None},
+            r"schema's columns \['user_id', 'item_id', 'region'\] lack \['timestamp'\]",
+        ),
+        (
+            {"item_id": pa.array([1.0, 2.0, 3.0])},
+            r"column 'item_id' is of Parquet type double; allowed: an integer or string column",
+        ),
+        (
+            {"timestamp": pa.array([1, 2, 3], pa.date32())},
+            r"column 'timestamp' is of Parquet type date32\[day\]; allowed: a timestamp, int",
+        ),
+        (
+            {"timestamp": pa.array([None, None, None], pa.null())},
+            r"column 'timestamp' is of Parquet type null; allowed: a timestamp",
+        ),
+        (
+            {"region": pa.array([True, False, True])},
+            r"column 'region' is of Parquet type bool; allowed: an integer or string column, a "
+            r"dictionary of either, or nulls",
+        ),
+        (
+            {"user_id": pa.array(["a", None, " "])},
+            r"2 problem\(s\): .*i.parquet:row 2: field 'user_id' is None; allowed: a non-empty "
+            r"string or an integer; .*i.parquet:row 3: field 'user_id' is ' '",
+        ),
+        (
+            {"timestamp": pa.array(["1", "yesterday", "1970-01-01T00:00:03"])},
+            r"i.parquet:row 2: field 'timestamp' is 'yesterday'; allowed: seconds since the epoch",
+        ),
+        (
+            {"timestamp": pa.array([1.0, float("nan"), 3.0])},
+            r"i.parquet:row 2: field 'timestamp' is nan; allowed: seconds since the epoch",
+        ),
+    ],
+)
+def test_parquet_columns_and_rows_that_are_not_allowed_are_named(
+    tmp_path: Path, change: dict[str, pa.Array | None], message: str
+) -> None:
+    columns = {**PARQUET_ROWS, "region": pa.array(["eu", None, "us"]), **change}
+    kept = {k: v for k, v in columns.items() if v is not None}
+    source = write_parquet(tmp_path / "i.parquet", kept)
+    with pytest.raises(rdata.InteractionsError, match=message):
+        rdata.prepare(tmp_path / "out", source, user_features=["region"])
+
+
+def test_parquet_is_read_a_batch_at_a_time_with_rows_counted_across_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rdata, "PARQUET_BATCH_ROWS", 4)
+    records = interactions(users=3, per_user=5)
+    users = [r["user_id"] for r in records]
+    users[9] = ""
+    columns = {
+        "user_id": pa.array(users),
+        "item_id": pa.array([r["item_id"] for r in records]),
+        "timestamp": pa.array([r["timestamp"] for r in records]),
+        "region": pa.array([None] * len(records), pa.null()),  # all unknown
+    }
+    source = write_parquet(tmp_path / "i.parquet", columns)
+    with pytest.raises(rdata.InteractionsError, match=r"1 problem\(s\): .*i.parquet:row 10: "):
+        rdata.prepare(tmp_path / "out", source, user_features=["region"])
+    users[9] = "u0"
+    write_parquet(source, {**columns, "user_id": pa.array(users)})
+    rdata.prepare(tmp_path / "out", source, user_features=["region"])
+    got = _open(tmp_path / "out")
+    assert got.maps.features == {"region": ()}
+    assert got.train.shape[0] + (0 if got.eval is None else got.eval.shape[0]) == len(records)
+
+
+def test_without_pyarrow_parquet_is_refused_with_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = write_parquet(tmp_path / "i.parquet", PARQUET_ROWS)
+    # None in sys.modules: the import raises ImportError, as where pyarrow is not installed.
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(
+        rdata.InteractionsError,
+        match=r"i.parquet: reading Parquet needs pyarrow .*pip install pyarrow==26.0.1",
+    ):
+        rdata.prepare(tmp_path / "out", source)
+
+
+def test_the_trainer_imports_without_pyarrow() -> None:
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None; "
+        "import trainer.cli, trainer.recommend.data"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_the_files_are_checked_and_staged(tmp_path: Path) -> None:
     manifest = _prepared(tmp_path, write_jsonl(tmp_path / "i.jsonl", SMALL))
     names = {name for name, _ in data.dataset_files(manifest)}
@@ -174,8 +341,8 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        ("i.parquet", "", r"Parquet needs pyarrow"),
-        ("i.txt", "", r"suffix '.txt' is not one this reads; allowed: .jsonl, .ndjson, .csv"),
+        ("i.parquet", "", r"i.parquet: not a readable Parquet file \("),
+        ("i.txt", "", r"suffix '.txt' is not one this reads; allowed: .jsonl, .ndjson, .csv, .p"),
         ("i.jsonl", "[1, 2]\n", r"i.jsonl:1: expected a JSON object, got list"),
         ("i.jsonl", "{oops\n", r"i.jsonl:1: not valid JSON"),
         ("i.jsonl", "\n", r"holds no interactions"),

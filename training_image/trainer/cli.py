@@ -109,7 +109,7 @@ def _add_prepare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "...}), text (the file is one document) or classify (of {'text': ..., 'label': ...} or "
         "{'text': ..., 'labels': [...]}: docs/classification.md); default %(default)s: chat or "
         "jsonl by the first line's fields, else text. Without --tokenizer: interactions "
-        "(--input of JSON lines or CSV with user_id, item_id, timestamp: "
+        "(--input of JSON lines, CSV or Parquet with user_id, item_id, timestamp: "
         "docs/recommendation.md)",
     )
     prep.add_argument(

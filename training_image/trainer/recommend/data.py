@@ -1,13 +1,21 @@
 """Interactions for the two-tower recommender: ``trn-train prepare-data --format interactions``,
 the id maps and item tables beside the shards, and the batches the towers train on.
 
-Input: JSON lines (``.jsonl``, ``.ndjson``) or CSV with a header row (``.csv``), one interaction
-a line: ``user_id`` and ``item_id`` (a non-empty string, or in JSON an integer), ``timestamp``
-(seconds since the epoch, or an ISO-8601 date-time; one without a zone is read as UTC), and the
-categorical features named by ``--user-features`` and ``--item-features`` (a string or, in JSON,
-an integer; missing, ``null`` or an empty CSV cell means unknown). Parquet needs pyarrow, which
-the trainer's image does not carry: convert it to either. Every line is checked; the problems
-are reported together, each with its file, line, field, value and what is allowed.
+Input: JSON lines (``.jsonl``, ``.ndjson``), CSV with a header row (``.csv``) or Parquet
+(``.parquet``), one interaction a line (a row): ``user_id`` and ``item_id`` (a non-empty string,
+or in JSON and Parquet an integer), ``timestamp`` (seconds since the epoch, or an ISO-8601
+date-time; one without a zone is read as UTC), and the categorical features named by
+``--user-features`` and ``--item-features`` (a string or, in JSON and Parquet, an integer;
+missing, ``null`` or an empty CSV cell means unknown). Every line is checked; the problems are
+reported together, each with its file, line, field, value and what is allowed.
+
+Parquet is read with pyarrow, imported only for a ``.parquet`` input: it is pinned in
+requirements-dev.txt, where data is prepared, and the trainer's image does not carry it. A
+Parquet column's values are those JSON lines would hold: an integer or string column (or a
+dictionary of either) for the ids and features, a column of nulls for a feature; for the
+timestamp also a floating-point column, or a timestamp column (any unit; its instants, a zone or
+none, as seconds since the epoch, so one without a zone is UTC as above). A column of another
+type is refused by name before any row is read.
 
 Ids: the users, the items and each feature's values, sorted as strings, are ``users.json``,
 ``items.json`` and ``features.json``; id ``i`` is the ``i``-th name, so the ids do not depend on
@@ -39,7 +47,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,7 +68,11 @@ DEFAULT_HISTORY = 8
 ID_FILES = {"users": "users.json", "items": "items.json", "features": "features.json"}
 ARRAYS = {"item_features": "item_features.npy", "item_counts": "item_counts.npy"}
 REQUIRED = ("user_id", "item_id", "timestamp")
-SUFFIXES = {".jsonl": "json", ".ndjson": "json", ".csv": "csv"}
+SUFFIXES = {".jsonl": "json", ".ndjson": "json", ".csv": "csv", ".parquet": "parquet"}
+# Rows of a Parquet file read at a time: memory bounded by the batch, not by the file.
+PARQUET_BATCH_ROWS = 65536
+# A Parquet timestamp column's values per second, by its unit.
+_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 # Reported at most, of the problems of one input; the count of the rest follows them.
 MAX_REPORTED = 10
 # The third word of the epoch order's PCG64 seed, so the stream is not the other samplers'.
@@ -144,24 +156,23 @@ class _Problems:
 
 
 def _records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Each line of ``path`` as (where, its fields), JSON lines or CSV by the file's suffix.
+    """Each line of ``path`` as (where, its fields), JSON lines, CSV or Parquet by the file's
+    suffix.
 
     Raises:
-        InteractionsError: an unknown suffix, Parquet, a CSV header without a needed column.
+        InteractionsError: an unknown suffix, a CSV header or Parquet schema without a needed
+            column, see :func:`_parquet_records`.
         trainer.tokenizing.InputError: a line that is not a JSON object.
     """
     kind = SUFFIXES.get(path.suffix.lower())
-    if path.suffix.lower() == ".parquet":
-        raise InteractionsError(
-            f"{path}: Parquet needs pyarrow, which the trainer's image does not carry; write the "
-            "interactions as JSON lines (.jsonl) or CSV (.csv)"
-        )
     if kind is None:
         raise InteractionsError(
             f"{path}: suffix {path.suffix!r} is not one this reads; allowed: {', '.join(SUFFIXES)}"
         )
     if kind == "csv":
         yield from _csv_records(path, columns)
+    elif kind == "parquet":
+        yield from _parquet_records(path, columns)
     else:
         yield from tokenizing._json_lines(path)
 
@@ -178,6 +189,116 @@ def _csv_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, Mapp
             )
         for row in reader:
             yield f"{path}:{reader.line_num}", row
+
+
+def _parquet_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each row of a Parquet file as (where: ``file:row N``, its fields as JSON would hold
+    them), :data:`PARQUET_BATCH_ROWS` rows read at a time.
+
+    Raises:
+        InteractionsError: pyarrow is not installed, the file is not readable Parquet, or its
+            schema lacks a needed column or has one of a type not allowed.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise InteractionsError(
+            f"{path}: reading Parquet needs pyarrow ({error}): install it where data is prepared "
+            "(`pip install pyarrow==26.0.1`, as requirements-dev.txt pins it; the trainer's image "
+            "does not carry it), or write the interactions as JSON lines (.jsonl) or CSV (.csv)"
+        ) from error
+    try:
+        with pq.ParquetFile(path) as source:
+            convert = _parquet_columns(path, source.schema_arrow, columns)
+            row = 0
+            for batch in source.iter_batches(PARQUET_BATCH_ROWS, columns=list(columns)):
+                values = {name: convert[name](batch.column(name)) for name in columns}
+                for k in range(batch.num_rows):
+                    row += 1
+                    yield f"{path}:row {row}", {name: values[name][k] for name in columns}
+    except pa.ArrowException as error:
+        raise InteractionsError(f"{path}: not a readable Parquet file ({error})") from error
+
+
+def _parquet_columns(
+    path: Path, schema: Any, columns: Sequence[str]
+) -> dict[str, Callable[[Any], list[Any]]]:
+    """For each needed column of a Parquet ``schema``, what turns one batch's column into the
+    values JSON lines would hold (see the module's documentation).
+
+    Raises:
+        InteractionsError: a needed column missing (all of them named), or of a type not
+            allowed (the first named, with its type and the allowed ones).
+    """
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise InteractionsError(
+            f"{path}: the Parquet schema's columns {schema.names} lack {missing}; needed: "
+            f"{', '.join(columns)}"
+        )
+    convert = {}
+    for name in columns:
+        reader = _parquet_reader(name, schema.field(name).type)
+        if reader is None:
+            raise InteractionsError(
+                f"{path}: column {name!r} is of Parquet type {schema.field(name).type}; allowed: "
+                + _PARQUET_ALLOWED.get(name, _PARQUET_ALLOWED["feature"])
+            )
+        convert[name] = reader
+    return convert
+
+
+def _parquet_reader(name: str, kind: Any) -> Callable[[Any], list[Any]] | None:
+    """What reads column ``name`` of Arrow type ``kind`` as JSON lines would hold it; None for
+    a type the column may not have."""
+    import pyarrow as pa  # installed: only _parquet_columns calls this
+
+    types = pa.types
+    if name == "timestamp":
+        if types.is_timestamp(kind):
+            return _parquet_seconds(_PER_SECOND[kind.unit])
+        allowed = types.is_integer(kind) or types.is_floating(kind) or _is_text(kind)
+    else:
+        if types.is_dictionary(kind):
+            kind = kind.value_type  # pandas' categoricals: read as their values
+        unknown = name not in REQUIRED and types.is_null(kind)  # a feature never known
+        allowed = types.is_integer(kind) or _is_text(kind) or unknown
+    return _parquet_values if allowed else None
+
+
+def _is_text(kind: Any) -> bool:
+    import pyarrow as pa  # installed: only _parquet_reader calls this
+
+    return bool(
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    )
+
+
+_PARQUET_ALLOWED = {
+    "user_id": "an integer or string column, or a dictionary of either",
+    "item_id": "an integer or string column, or a dictionary of either",
+    "timestamp": "a timestamp, integer, floating-point or string column",
+    "feature": "an integer or string column, a dictionary of either, or nulls",
+}
+
+
+def _parquet_values(column: Any) -> list[Any]:
+    return list(column.to_pylist())
+
+
+def _parquet_seconds(per_second: int) -> Callable[[Any], list[Any]]:
+    """A timestamp column's values as seconds since the epoch: its stored integers (instants in
+    UTC, whatever its zone) over ``per_second``, a correctly rounded quotient, as
+    ``datetime.timestamp`` gives for an ISO-8601 string of the same instant."""
+
+    import pyarrow as pa  # installed: only _parquet_reader calls this
+
+    def seconds(column: Any) -> list[Any]:
+        counts = column.cast(pa.int64()).to_pylist()
+        return [None if n is None else n / per_second for n in counts]
+
+    return seconds
 
 
 def read_interactions(
