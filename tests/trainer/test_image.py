@@ -251,16 +251,19 @@ DISTRIBUTIONS = {
     "torch_xla": "torch-xla",
     "matplotlib": "matplotlib",
     "safetensors": "safetensors",
+    "pyarrow": "pyarrow",
 }
 # Modules imported only on some stacks (by that stack's device backend), and the modules the
 # image leaves out: `trn-train report` draws a metrics file where it was copied to, and
-# `trn-train prepare-data --tokenizer` tokenizes where the data is prepared, not on a trn node.
+# `trn-train prepare-data --tokenizer` tokenizes where the data is prepared, not on a trn node, as
+# `prepare-data --format interactions` reads Parquet there (pyarrow).
 ONLY_ON = {
     "torch_neuronx": {"native"},
     "torch_xla": {"xla"},
     "matplotlib": set(),
     "transformers": set(),
     "jinja2": set(),
+    "pyarrow": set(),
 }
 
 
@@ -285,7 +288,7 @@ def _imports(path: Path) -> set[str]:
 
 def _third_party_imports() -> set[str]:
     modules: set[str] = set()
-    for path in [*sorted(TRAINER.glob("*.py")), ENTRYPOINT]:
+    for path in [*sorted(TRAINER.rglob("*.py")), ENTRYPOINT]:  # with classify/, recommend/
         modules |= _imports(path)
     return modules - set(sys.stdlib_module_names) - FIRST_PARTY
 
@@ -322,7 +325,7 @@ def test_make_test_xla_installs_what_the_trainer_loads() -> None:
     """`make test-xla` runs the trainer in its own environment (requirements-xla.txt): every
     third-party module a trainer module imports when loaded is pinned there."""
     loaded: set[str] = set()
-    for path in sorted(TRAINER.glob("*.py")):
+    for path in sorted(TRAINER.rglob("*.py")):
         loaded |= _module_level_imports(path)
     modules = loaded - set(sys.stdlib_module_names) - FIRST_PARTY
     needed = {DISTRIBUTIONS[m] for m in modules if "xla" in ONLY_ON.get(m, {"xla"})}
