@@ -2,7 +2,7 @@
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aws_cdk as cdk
@@ -376,7 +376,11 @@ def test_handler_moves_the_schedule_that_the_construct_made(cloudformation: Any)
             "Input": made["Target"]["Input"],
         },
     )
-    for name, expires in (("pv-delta-lifecycle", PAST), ("pv-delta-network", FUTURE)):
+    # handler() reads the real clock: expiries an hour before it and a day after it.
+    clock = datetime.now(UTC).replace(second=0, microsecond=0)
+    past = (clock - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    future = (clock + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name, expires in (("pv-delta-lifecycle", past), ("pv-delta-network", future)):
         cloudformation.create_stack(
             StackName=name,
             TemplateBody=TEMPLATE,
@@ -392,9 +396,9 @@ def test_handler_moves_the_schedule_that_the_construct_made(cloudformation: Any)
         "status": "rescheduled",
         "deleted": [],
         "stack": "pv-delta-network",
-        "until": FUTURE,
+        "until": future,
     }
     moved = scheduler.get_schedule(Name=made["Name"], GroupName="default")
-    assert moved["ScheduleExpression"] == "at(2026-12-02T11:00:00)"
+    assert moved["ScheduleExpression"] == f"at({future.removesuffix('Z')})"
     assert moved["Target"]["Input"] == made["Target"]["Input"]
     assert alive(cloudformation) == {"pv-delta-lifecycle", "pv-delta-network"}
