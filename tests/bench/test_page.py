@@ -123,3 +123,30 @@ def test_the_run_names_its_commit_and_a_tree_with_other_changes(
     monkeypatch.setattr(run, "HERE", tmp_path / "elsewhere" / "bench")
     (tmp_path / "elsewhere" / "bench").mkdir(parents=True)
     assert run.commit() == "unknown"
+
+
+def test_make_bench_runs_every_script_after_one_fails_and_fails_naming_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bench/run.py runs the scripts after one that exits non-zero, exits 1, and its run
+    section and page name the one that failed (and only it)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    run = importlib.import_module("run")
+    ran = tmp_path / "ran"
+    scripts = {"first.py": 3, "second.py": 0}
+    for name, code in scripts.items():
+        (tmp_path / name).write_text(
+            f"import pathlib, sys\npathlib.Path({str(ran)!r}).open('a').write('{name}\\n')\n"
+            f"sys.exit({code})\n"
+        )
+    monkeypatch.setattr(run, "SCRIPTS", tuple(str(tmp_path / name) for name in scripts))
+    monkeypatch.setattr(run, "RESULTS", tmp_path / "results.json")
+    monkeypatch.setattr(run, "PAGE", tmp_path / "page.md")
+    monkeypatch.setattr(run, "commit", lambda: "0123456789ab")  # its own test is above
+
+    assert run.main() == 1
+    assert ran.read_text().split() == ["first.py", "second.py"]
+    section = json.loads((tmp_path / "results.json").read_text())["run"]
+    assert section["exit_status"] == 1
+    assert section["failed"] == str(tmp_path / "first.py")
+    assert f"(scripts that exited non-zero: {tmp_path / 'first.py'})" in run.PAGE.read_text()
