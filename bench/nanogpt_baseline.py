@@ -14,7 +14,10 @@ default ``log_interval`` of 1). Dropout is left out: nanoGPT's default rate is 0
 One architecture choice is an option, because the trainer's ``small`` preset makes it
 differently from nanoGPT's default: ``bias`` (nanoGPT: off by default, ``--bias=True`` turns it
 on; the preset: on). With ``bias=True`` this is nanoGPT's train.py with ``--bias=True`` and
-computes the preset's function (the exact GELU on both sides).
+computes the preset's function (the exact GELU on both sides), run as docs/performance.md's
+by-hand check runs it: on CPU, fp32, eager and one micro-batch a step
+(``--gradient_accumulation_steps=1``; its default of 40 would spread the optimizer step over 40
+micro-batches, and its default ``--compile=True`` is not eager).
 
 Run as a script (``python bench/nanogpt_baseline.py --tokens FILE ...``, see ``--help``) it is a
 process of its own that imports torch and numpy only, never the trainer, and prints one JSON
@@ -146,9 +149,11 @@ def tokens_per_s(
     """Trains on random windows of ``tokens`` (an array, or a uint16 file that is memory-mapped
     for every batch, as nanoGPT's ``get_batch`` does) on CPU, fp32, eager, and returns the
     tokens/s of the median step of the ``measured_steps`` after ``warmup_steps``. A step is
-    timed as nanoGPT's train.py times an iteration (its ``dt``): from one ``loss.item()`` to the
-    next. The median, not the mean: a burst of another process's work on a shared machine
-    moves a mean of a few steps by more than the difference being measured."""
+    timed as nanoGPT's train.py times an iteration (its ``dt``): from the end of one step to
+    the end of the next (nanoGPT reads the clock just before its ``loss.item()``, here just
+    after: on CPU the loss is already computed). The median, not the mean: a burst of another
+    process's work on a shared machine moves a mean of a few steps by more than the difference
+    being measured."""
     torch.manual_seed(1337)
     model = Baseline(
         layers=layers,
