@@ -246,6 +246,19 @@ def test_parquet_columns_and_rows_that_are_not_allowed_are_named(
         rdata.prepare(tmp_path / "out", source, user_features=["region"])
 
 
+def test_a_parquet_column_name_held_twice_is_refused_by_name(tmp_path: Path) -> None:
+    """pyarrow finds no column by a name two columns hold; the message names it."""
+    names = [*PARQUET_ROWS, "user_id"]
+    table = pa.Table.from_arrays([*PARQUET_ROWS.values(), pa.array(["x", "y", "z"])], names=names)
+    pq.write_table(table, tmp_path / "i.parquet")
+    with pytest.raises(
+        rdata.InteractionsError,
+        match=r"i.parquet: the Parquet schema's columns \['user_id', 'item_id', 'timestamp', "
+        r"'user_id'\] hold \['user_id'\] more than once; allowed: each needed column once",
+    ):
+        rdata.prepare(tmp_path / "out", tmp_path / "i.parquet")
+
+
 def test_parquet_is_read_a_batch_at_a_time_with_rows_counted_across_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -228,14 +228,22 @@ def _parquet_columns(
     values JSON lines would hold (see the module's documentation).
 
     Raises:
-        InteractionsError: a needed column missing (all of them named), or of a type not
-            allowed (the first named, with its type and the allowed ones).
+        InteractionsError: a needed column missing or held by two columns (all of them
+            named), or of a type not allowed (the first named, with its type and the allowed
+            ones).
     """
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise InteractionsError(
             f"{path}: the Parquet schema's columns {schema.names} lack {missing}; needed: "
             f"{', '.join(columns)}"
+        )
+    # pyarrow reads a name held by two columns as no column at all: refused here by name.
+    twice = [c for c in columns if len(schema.get_all_field_indices(c)) > 1]
+    if twice:
+        raise InteractionsError(
+            f"{path}: the Parquet schema's columns {schema.names} hold {twice} more than once; "
+            "allowed: each needed column once"
         )
     convert = {}
     for name in columns:
