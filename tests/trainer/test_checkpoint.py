@@ -1,6 +1,7 @@
 import ast
 import json
 import os
+import struct
 import subprocess
 import sys
 import tracemalloc
@@ -276,6 +277,19 @@ class _Unwritable(LocalStore):
         return staged
 
 
+def _byteorder_record_crcs(shards: bytes) -> set[int]:
+    """The CRC-32 fields of the central-directory entries (signature PK\\x01\\x02: CRC at byte 16,
+    name length at 28, name at 46) of the ``byteorder`` record every torch.save archive in
+    ``shards`` holds."""
+    crcs, at = set(), shards.find(b"PK\x01\x02")
+    while at != -1:
+        (size,) = struct.unpack_from("<H", shards, at + 28)
+        if shards[at + 46 : at + 46 + size].endswith(b"/byteorder"):
+            crcs.add(struct.unpack_from("<I", shards, at + 16)[0])
+        at = shards.find(b"PK\x01\x02", at + 4)
+    return crcs
+
+
 @pytest.mark.parametrize("before", [True, False])
 def test_a_save_leaves_torch_saves_record_crc_option_as_it_found_it(
     tmp_path: Path, before: bool
@@ -288,6 +302,8 @@ def test_a_save_leaves_torch_saves_record_crc_option_as_it_found_it(
     try:
         Checkpointer(LocalStore(tmp_path / "ok")).save(1, model, opt)
         assert torch.serialization.get_crc32_options() is before
+        shards = b"".join(p.read_bytes() for p in sorted((tmp_path / "ok").rglob("*.distcp")))
+        assert _byteorder_record_crcs(shards) == {0}  # on, it would be CRC-32(b"little")
         with pytest.raises(CheckpointException, match="Not a directory"):
             Checkpointer(_Unwritable(tmp_path / "failing")).save(1, model, opt)
         assert torch.serialization.get_crc32_options() is before
