@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from bench.nanogpt_baseline import Baseline, optimizer, tokens_per_s
+from tests.tolerance import assert_fp32_close
 from trainer.config import PRESETS
 from trainer.model import GPT
 
@@ -37,8 +38,8 @@ def test_by_default_like_nanogpt_it_has_no_biases() -> None:
 
 
 def test_like_for_like_it_computes_the_presets_function() -> None:
-    """With biases, and the preset's weights copied in, the loss is the trainer's: the same
-    function, so the same work per token."""
+    """With biases, and the preset's weights copied in, the loss and a block's output are the
+    trainer's (the exact GELU on both sides): the same function, so the same work per token."""
     torch.manual_seed(0)
     trainer = GPT(PRESETS["small"].model)
     baseline = _baseline(bias=True)
@@ -62,6 +63,11 @@ def test_like_for_like_it_computes_the_presets_function() -> None:
             p.copy_(theirs[name])
     idx, targets = torch.randint(0, 256, (2, 2, 256))
     torch.testing.assert_close(baseline(idx, targets), trainer(idx, targets))
+    # The loss at GPT-2's init hides the GELU's form (the tanh one gives the same loss); a
+    # block's output on a small residual does not (the tanh form: ~1200 roundings off).
+    x = 0.01 * torch.randn(2, 256, PRESETS["small"].model.d_model)
+    with torch.no_grad():
+        assert_fp32_close(baseline.layers[0](x), trainer.blocks[0](x, None))
 
 
 def test_head_is_tied_and_the_first_loss_is_uniform() -> None:
