@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import ROOT
 from trainer import cli, data
 from trainer.recommend import data as rdata
 from trainer.tokenizing import InputError
@@ -292,9 +294,17 @@ def test_without_pyarrow_parquet_is_refused_with_what_to_install(
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(
         rdata.InteractionsError,
-        match=r"i.parquet: reading Parquet needs pyarrow .*pip install pyarrow==26.0.1",
+        match=r"i.parquet: reading Parquet needs pyarrow .*"
+        r"pip install 'trn-platform-ops\[parquet\]'.*pip install pyarrow==26.0.1",
     ):
         rdata.prepare(tmp_path / "out", source)
+
+
+def test_the_wheel_extra_the_message_names_installs_the_pinned_pyarrow() -> None:
+    project = tomllib.loads((ROOT / "ops" / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "trn-platform-ops"
+    assert project["optional-dependencies"]["parquet"] == ["pyarrow>=26,<27"]
+    assert "pyarrow==26.0.1\n" in (ROOT / "requirements-dev.txt").read_text()
 
 
 def test_the_trainer_imports_without_pyarrow() -> None:

@@ -205,8 +205,9 @@ def _parquet_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, 
     except ImportError as error:
         raise InteractionsError(
             f"{path}: reading Parquet needs pyarrow ({error}): install it where data is prepared "
-            "(`pip install pyarrow==26.0.1`, as requirements-dev.txt pins it; the trainer's image "
-            "does not carry it), or write the interactions as JSON lines (.jsonl) or CSV (.csv)"
+            "(`pip install 'trn-platform-ops[parquet]'` with the ops wheel, or `pip install "
+            "pyarrow==26.0.1` as requirements-dev.txt pins it; the trainer's image does not carry "
+            "it), or write the interactions as JSON lines (.jsonl) or CSV (.csv)"
         ) from error
     try:
         with pq.ParquetFile(path) as source:
