@@ -37,12 +37,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForMaskedLM
 
-from trainer import metrics
 from trainer.classify import data as classify_data
-from trainer.config import TrainConfig
-from trainer.loop import train
 
-WARMUP, MEASURED = 2, 4  # steps per round; the trainer logs every 2
+# The fine-tuning bench's round (hf_bench.steady_seconds) and its steps.
+WARMUP, MEASURED = hf_bench.WARMUP, hf_bench.MEASURED
 BATCH, SEQ_LEN = 8, 256
 CLASSES = ("a", "b", "c", "d")
 DOCUMENTS = 256
@@ -114,25 +112,10 @@ def make_data(root: Path, model_dir: Path, vocab: int) -> Path:
 
 def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
     """Examples per second of ``trn-train run --task classify``."""
-    log = work / f"m-{time.monotonic_ns()}.jsonl"
-    cfg = TrainConfig(
-        task="classify",
-        model_dir=str(model_dir),
-        seq_len=SEQ_LEN,
-        data=str(data_dir),
-        device="cpu",
-        compile="none",
-        parallel="ddp",
-        micro_batch=BATCH,
-        max_steps=WARMUP + MEASURED,
-        log_every=2,
-        metrics=str(log),
-        progress=False,
+    seconds = hf_bench.steady_seconds(
+        model_dir, data_dir, work, task="classify", seq_len=SEQ_LEN, micro_batch=BATCH
     )
-    train(cfg)
-    steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
-    seconds = sum(r["step_time_s"] * 2 for r in steady)
-    return float(len(steady) * 2 * BATCH / seconds)
+    return MEASURED * BATCH / seconds
 
 
 def transformers_round(model_dir: Path, vocab: int) -> float:

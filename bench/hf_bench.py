@@ -113,25 +113,31 @@ def make_data(root: Path, model_dir: Path) -> Path:
     return out
 
 
-def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
+def steady_seconds(model_dir: Path, data_dir: Path, work: Path, **settings: Any) -> float:
+    """Seconds of the :data:`MEASURED` steps after :data:`WARMUP` of ``trn-train run --model
+    model_dir`` on ``data_dir`` (``trainer.loop.train``: CPU, eager, a record every 2 steps), with
+    ``settings`` as further :class:`TrainConfig` fields (default batch :data:`BATCH`, rows of
+    :data:`SEQ_LEN`); the fine-tuning, packing and classification benches' round."""
     log = work / f"m-{time.monotonic_ns()}.jsonl"
     cfg = TrainConfig(
         model_dir=str(model_dir),
-        seq_len=SEQ_LEN,
         data=str(data_dir),
         device="cpu",
         compile="none",
         parallel="ddp",
-        micro_batch=BATCH,
         max_steps=WARMUP + MEASURED,
         log_every=2,
         metrics=str(log),
         progress=False,
+        **{"seq_len": SEQ_LEN, "micro_batch": BATCH, **settings},
     )
     train(cfg)
     steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
-    seconds = sum(r["step_time_s"] * 2 for r in steady)
-    return float(len(steady) * 2 * BATCH * SEQ_LEN / seconds)
+    return float(sum(r["step_time_s"] * 2 for r in steady))
+
+
+def trainer_round(model_dir: Path, data_dir: Path, work: Path) -> float:
+    return MEASURED * BATCH * SEQ_LEN / steady_seconds(model_dir, data_dir, work)
 
 
 def transformers_loop(model_dir: Path) -> tuple[LlamaForCausalLM, torch.optim.AdamW]:

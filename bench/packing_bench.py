@@ -35,9 +35,8 @@ import numpy as np
 import results_file
 import torch
 
-from trainer import data, hf, hf_config, metrics, optim, packing
+from trainer import data, hf, hf_config, optim, packing
 from trainer.config import TrainConfig
-from trainer.loop import train
 
 WARMUP, MEASURED = hf_bench.WARMUP, hf_bench.MEASURED
 GOALS = {"packed_useful_vs_stream_tokens_per_s": 0.9}
@@ -86,23 +85,7 @@ def useful_tokens(data_dir: Path, steps: range) -> int:
 
 def run_round(model_dir: Path, data_dir: Path, work: Path) -> float:
     """Steady-state useful tokens/s of the trainer on ``data_dir`` (records after warm-up)."""
-    log = work / f"m-{time.monotonic_ns()}.jsonl"
-    cfg = TrainConfig(
-        model_dir=str(model_dir),
-        seq_len=hf_bench.SEQ_LEN,
-        data=str(data_dir),
-        device="cpu",
-        compile="none",
-        parallel="ddp",
-        micro_batch=hf_bench.BATCH,
-        max_steps=WARMUP + MEASURED,
-        log_every=2,
-        metrics=str(log),
-        progress=False,
-    )
-    train(cfg)
-    steady = [r for r in metrics.read(log) if r["step"] > WARMUP]
-    seconds = sum(r["step_time_s"] * 2 for r in steady)
+    seconds = hf_bench.steady_seconds(model_dir, data_dir, work)
     return float(useful_tokens(data_dir, range(WARMUP, WARMUP + MEASURED)) / seconds)
 
 
